@@ -1,0 +1,35 @@
+# The two commands: `make demo` runs the main job on the embedded default, `make test` runs the tests.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO := runs/demo
+
+.PHONY: venv demo test lint bench clean
+
+$(BIN)/kwrl: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/kwrl
+
+venv: $(BIN)/kwrl
+
+demo: venv
+	$(BIN)/kwrl worlds generate --split test --tasks 48 --seed 1 --out $(DEMO)/test
+	$(BIN)/kwrl eval --agent oracle --tasks $(DEMO)/test --out $(DEMO)/eval-oracle
+	$(BIN)/kwrl eval --agent null --tasks $(DEMO)/test --out $(DEMO)/eval-null
+
+test: venv
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/pytest
+
+lint: venv
+	$(BIN)/ruff check src tests benchmarks
+
+bench: venv
+	$(BIN)/python benchmarks/bench_generate.py
+	$(BIN)/python benchmarks/bench_grade.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,287 @@
+"""Templates every domain shares: they read the company's financial core."""
+
+from __future__ import annotations
+
+import random
+
+from kwrl.worlds import compose
+from kwrl.worlds.facts import PERIODS, quarter_end
+from kwrl.worlds.templates import (
+    Draft,
+    World,
+    cell,
+    content,
+    created,
+    date_forms,
+    fmt,
+    names,
+    number,
+    slide_shape,
+    table_cell,
+    template,
+    unchanged,
+)
+
+
+def distinct(a: float, b: float, rel: float = 0.01) -> bool:
+    """True when a wrong value would fail a criterion expecting the right one."""
+    return abs(a - b) > rel * max(abs(a), abs(b), 1e-9)
+
+
+def _other_period(rng: random.Random, period: str) -> str:
+    i = PERIODS.index(period)
+    return PERIODS[i - 1] if i > 0 and rng.random() < 0.5 or i == len(PERIODS) - 1 else PERIODS[i + 1]
+
+
+@template("report_segment_revenue", tier=1)
+def report_segment_revenue(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    seg, period = rng.choice(f.segments), rng.choice(PERIODS)
+    wrong = f.revenue[seg][_other_period(rng, period)]
+    value = f.revenue[seg][period]
+    if not distinct(value, wrong):
+        return None
+    return Draft(
+        f"Please check {w.paths.report(period)}: what revenue did the {seg} segment of "
+        f"{f.company} report for {period}? Give the figure in USD millions.",
+        (number("c1", f"States {seg} revenue for {period}: {fmt(value)}m", value),),
+        f"{seg} revenue in {period} was ${fmt(value)}m.",
+        f"{seg} revenue in {period} was ${fmt(wrong)}m.",
+    )
+
+
+@template("workbook_total_ebitda", tier=1)
+def workbook_total_ebitda(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    period = rng.choice(PERIODS)
+    value, wrong = f.total("ebitda", period), f.total("revenue", period)
+    return Draft(
+        f"In {w.paths.financials}, what is {f.company}'s total EBITDA for {period} "
+        f"(all segments)? Answer in USD millions.",
+        (number("c1", f"States total EBITDA for {period}: {fmt(value)}m", value),),
+        f"Total EBITDA for {period} was ${fmt(value)}m.",
+        f"Total EBITDA for {period} was ${fmt(wrong)}m.",
+    )
+
+
+@template("find_segment_ebitda", tier=2)
+def find_segment_ebitda(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    seg, period = rng.choice(f.segments), rng.choice(PERIODS)
+    value = f.ebitda[seg][period]
+    wrong = f.ebitda[seg][_other_period(rng, period)]
+    if not distinct(value, wrong):
+        return None
+    return Draft(
+        f"What EBITDA did {f.company}'s {seg} segment generate in {period}? I need the figure "
+        f"in USD millions for a client call.",
+        (number("c1", f"States {seg} EBITDA for {period}: {fmt(value)}m", value),),
+        f"{seg} EBITDA in {period}: ${fmt(value)}m.",
+        f"{seg} EBITDA in {period}: ${fmt(wrong)}m.",
+    )
+
+
+@template("find_final_revenue", tier=2)
+def find_final_revenue(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    seg, period = rng.choice(f.segments), f.draft_period
+    value, wrong = f.revenue[seg][period], f.draft_revenue[seg]
+    return Draft(
+        f"What was the final reported revenue of the {seg} segment of {f.company} for "
+        f"{period}? Make sure you use final figures, in USD millions.",
+        (number("c1", f"States the final {seg} revenue for {period}: {fmt(value)}m "
+                      f"(not the draft's {fmt(wrong)}m)", value),),
+        f"Final {seg} revenue for {period} was ${fmt(value)}m.",
+        f"{seg} revenue for {period} was ${fmt(wrong)}m.",
+    )
+
+
+@template("calendar_date", tier=2)
+def calendar_date(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    i = rng.randrange(len(f.events))
+    title, start, _ = f.events[i]
+    other = f.events[(i + 1) % len(f.events)][1]
+    if other.date() == start.date():
+        return None
+    return Draft(
+        f"On which date is the {title.lower()} for {f.company} scheduled?",
+        (names("c1", f"Gives the date {start:%d %B %Y}", date_forms(start.date())),),
+        f"The {title.lower()} is scheduled for {start:%d %B %Y} at {start:%H:%M}.",
+        f"The {title.lower()} is scheduled for {other:%d %B %Y}.",
+    )
+
+
+@template("segment_growth", tier=3)
+def segment_growth(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    seg = rng.choice(f.segments)
+    i = rng.randrange(1, len(PERIODS))
+    p0, p1 = PERIODS[i - 1], PERIODS[i]
+    a, b = f.revenue[seg][p0], f.revenue[seg][p1]
+    growth = round((b / a - 1) * 100, 1)
+    wrong = round((a / b - 1) * 100, 1)
+    if abs(growth - wrong) < 0.3:
+        return None
+    return Draft(
+        f"By how much did revenue of {f.company}'s {seg} segment change from {p0} to {p1}, in "
+        f"percent? Use the quarterly reports and round to one decimal.",
+        (number("c1", f"States the change: {growth:+.1f}%", growth, unit="%", abs_tol=0.15),
+         number("c2", f"States {p1} revenue: {fmt(b)}m", b, weight=0.5),
+         number("c3", f"States {p0} revenue: {fmt(a)}m", a, weight=0.5)),
+        f"{seg} revenue went from ${fmt(a)}m in {p0} to ${fmt(b)}m in {p1}, a change of "
+        f"{growth:+.1f}%.",
+        f"{seg} revenue changed by {wrong:+.1f}%.",
+    )
+
+
+@template("fiscal_year_revenue", tier=3)
+def fiscal_year_revenue(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    seg, year = rng.choice(f.segments), rng.choice((2024, 2025))
+    quarters = [p for p in PERIODS if p.endswith(str(year))]
+    value = round(sum(f.revenue[seg][p] for p in quarters), 1)
+    wrong_year = [p for p in PERIODS if not p.endswith(str(year))]
+    wrong = round(sum(f.revenue[seg][p] for p in wrong_year), 1)
+    return Draft(
+        f"What was the full-year {year} revenue of {f.company}'s {seg} segment (sum of the four "
+        f"quarters), in USD millions?",
+        (number("c1", f"States FY{year} {seg} revenue: {fmt(value)}m", value),),
+        f"{seg} revenue for FY{year} was ${fmt(value)}m.",
+        f"{seg} revenue for FY{year} was ${fmt(wrong)}m.",
+    )
+
+
+@template("segment_margin", tier=3)
+def segment_margin(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    seg, period = rng.choice(f.segments), rng.choice(PERIODS)
+    margin = round(f.ebitda[seg][period] / f.revenue[seg][period] * 100, 1)
+    other = _other_period(rng, period)
+    wrong = round(f.ebitda[seg][other] / f.revenue[seg][other] * 100, 1)
+    if abs(margin - wrong) < 0.3:
+        return None
+    return Draft(
+        f"What was the EBITDA margin of {f.company}'s {seg} segment in {period}? Give it in "
+        f"percent to one decimal.",
+        (number("c1", f"States the margin: {margin:.1f}%", margin, unit="%", abs_tol=0.15),),
+        f"{seg} EBITDA margin in {period}: {margin:.1f}% (EBITDA ${fmt(f.ebitda[seg][period])}m "
+        f"on revenue ${fmt(f.revenue[seg][period])}m).",
+        f"{seg} EBITDA margin in {period}: {wrong:.1f}%.",
+    )
+
+
+@template("budget_fill_actual", tier=4)
+def budget_fill_actual(w: World, rng: random.Random) -> Draft | None:
+    f, path = w.facts, w.paths.budget
+    seg = rng.choice(f.segments)
+    value, wrong = f.revenue[seg]["Q4 2025"], f.revenue[seg]["Q3 2025"]
+    if not distinct(value, wrong):
+        return None
+    ref = compose.budget_cell(f, seg)
+    return Draft(
+        f"In {path}, sheet Actuals, fill in the {seg} actual revenue for Q4 2025 (USD millions) "
+        f"from the final Q4 2025 quarterly report. Leave everything else as it is.",
+        (cell("c1", f"{path} Actuals!{ref} holds {fmt(value)}", path, "Actuals", ref, value),
+         unchanged("c2", [path])),
+        f"Filled Actuals!{ref} with {fmt(value)}.",
+        f"Filled Actuals!{ref} with {fmt(wrong)}.",
+        files={path: compose.budget_workbook(f, {seg: value})},
+        distractor_files={path: compose.budget_workbook(f, {seg: wrong})},
+    )
+
+
+@template("summary_table_fill", tier=4)
+def summary_table_fill(w: World, rng: random.Random) -> Draft | None:
+    f, path, period = w.facts, w.paths.segment_summary, w.facts.draft_period
+    right = {s: f.ebitda[s][period] for s in f.segments}
+    other = _other_period(rng, period)
+    wrong = {s: f.ebitda[s][other] for s in f.segments}
+    rubric = tuple(
+        table_cell(f"c{i + 1}", f"EBITDA of {s} in the table: {fmt(right[s])}", path, i + 1, 2,
+                   right[s])
+        for i, s in enumerate(f.segments)
+    ) + (unchanged(f"c{len(f.segments) + 1}", [path]),)
+    return Draft(
+        f"Complete the EBITDA column of the table in {path} with each segment's {period} EBITDA "
+        f"(USD millions) from the final quarterly report.",
+        rubric,
+        "Completed the EBITDA column: " + "; ".join(f"{s} {fmt(v)}" for s, v in right.items()),
+        "Completed the EBITDA column.",
+        files={path: compose.segment_summary(f, right)},
+        distractor_files={path: compose.segment_summary(f, wrong)},
+    )
+
+
+@template("board_slide_update", tier=4)
+def board_slide_update(w: World, rng: random.Random) -> Draft | None:
+    f = w.facts
+    period = w.paths.update_deck_period
+    path = w.paths.board_deck(period)
+    value, wrong = f.total("revenue", period), f.total("revenue", "Q3 2025")
+    text = compose.money(value)
+    return Draft(
+        f"The 'Key figures' slide of {path} still shows a placeholder for total revenue. Update "
+        f"that line with {f.company}'s total revenue for {period}.",
+        (slide_shape("c1", f"Key figures slide states total revenue {fmt(value)}m", path, 2,
+                     "Body", content([[f"Total revenue {period}"]], [value])),
+         slide_shape("c2", "The placeholder is gone", path, 2, "Body",
+                     {"text": [], "numbers": [], "none_of": [compose.TBD]}),
+         unchanged("c3", [path])),
+        f"Updated the Key figures slide: total revenue {period} {text}.",
+        "Updated the Key figures slide.",
+        files={path: compose.board_deck(f, period, text)},
+        distractor_files={path: compose.board_deck(f, period, compose.money(wrong))},
+    )
+
+
+@template("memo_top_segment", tier=4)
+def memo_top_segment(w: World, rng: random.Random) -> Draft | None:
+    from kwrl.worlds import docmodel as dm
+
+    f = w.facts
+    period = rng.choice(PERIODS)
+    ranked = sorted(f.segments, key=lambda s: -f.revenue[s][period])
+    top, second = ranked[0], ranked[1]
+    path = f"Deliverables/Top_Segment_{compose.slug(period)}.md"
+
+    def memo(seg: str) -> dm.Document:
+        return dm.Document(f"Top segment {period}", (
+            dm.Paragraph(f"To: {f.client[0].name}"),
+            dm.Paragraph(f"In {period}, {f.company}'s largest segment by revenue was {seg}, with "
+                         f"revenue of ${fmt(f.revenue[seg][period])}m."),
+        ), author=f.team[1].name, date=quarter_end(period))
+
+    return Draft(
+        f"Write a short memo to {f.client[0].name} as a markdown file at {path} stating which "
+        f"segment of {f.company} had the highest revenue in {period} and what that revenue was "
+        f"(USD millions).",
+        (created("c1", f"{path} names {top}", path, "md",
+                 content([[top]], [], ) | {"none_of": [second]}),
+         created("c2", f"{path} states {fmt(f.revenue[top][period])}m", path, "md",
+                 content(None, [f.revenue[top][period]])),
+         unchanged("c3", [path])),
+        f"Wrote {path}: {top} was the largest segment in {period}.",
+        f"Wrote {path}: {second} was the largest segment in {period}.",
+        files={path: memo(top)},
+        distractor_files={path: memo(second)},
+    )
+
+
+@template("reconcile_draft", tier=4)
+def reconcile_draft(w: World, rng: random.Random) -> Draft | None:
+    f, period = w.facts, w.facts.draft_period
+    seg = rng.choice(f.segments)
+    final, draft = f.revenue[seg][period], f.draft_revenue[seg]
+    gap = round(abs(final - draft), 1)
+    return Draft(
+        f"Two versions of the {period} quarterly report disagree on {seg} revenue. Which figure "
+        f"is the correct one, and how large is the difference between the two versions (USD "
+        f"millions)?",
+        (number("c1", f"States the correct (final) figure {fmt(final)}m", final),
+         number("c2", f"States the difference {fmt(gap)}m", gap, rel_tol=0.02, abs_tol=0.05),
+         names("c3", "Says the final report supersedes the draft", ["final"])),
+        f"The final report's ${fmt(final)}m is correct; the superseded draft v1 showed "
+        f"${fmt(draft)}m, a difference of ${fmt(gap)}m.",
+        f"The draft's ${fmt(draft)}m is correct.",
+    )
