@@ -148,22 +148,47 @@ def quarterly_report(f: WorldFacts, period: str, draft: bool = False) -> dm.Docu
                      f"{money(f.ebitda[seg][period])}.", "bullet")
         for seg in f.segments
     ]
+    outlook = (
+        dm.Paragraph("Outlook", "heading1"),
+        dm.Paragraph("Management expects trading to remain in line with the plan; pricing "
+                     "actions and cost discipline continue to support margins."),
+    )
+    head = (dm.Paragraph(status), dm.Paragraph("Overview", "heading1"), dm.Paragraph(intro))
+    table = segment_table(f, period, revenue)
+    # Odd quarters use two columns with the figures only in a table that lands in the right
+    # column, beside prose: the layout whose naive text extraction interleaves rows and prose.
+    two_column = int(period[1]) % 2 == 1
+    if two_column:
+        blocks = (*head, *_market_context(f, period), *outlook, dm.ColumnBreak(), table)
+    else:
+        blocks = (*head, table, dm.Paragraph("Segment commentary", "heading1"), *commentary,
+                  *outlook)
     return dm.Document(
         title=title,
-        blocks=(
-            dm.Paragraph(status),
-            dm.Paragraph("Overview", "heading1"),
-            dm.Paragraph(intro),
-            segment_table(f, period, revenue),
-            dm.Paragraph("Segment commentary", "heading1"),
-            *commentary,
-            dm.Paragraph("Outlook", "heading1"),
-            dm.Paragraph("Management expects trading to remain in line with the plan; pricing "
-                         "actions and cost discipline continue to support margins."),
-        ),
+        blocks=blocks,
         author=f.client[0].name,
         date=quarter_end(period) + dt.timedelta(days=30),
-        columns=2 if int(period[1]) % 2 == 1 else 1,
+        columns=2 if two_column else 1,
+    )
+
+
+def _market_context(f: WorldFacts, period: str) -> tuple[dm.Paragraph, ...]:
+    """Prose long enough that the segment table lands in the right column of a two-column page:
+    the layout in which naive text extraction interleaves table rows with prose."""
+    segs = ", ".join(f.segments)
+    return (
+        dm.Paragraph("Market context", "heading1"),
+        dm.Paragraph(f"Demand across {segs} was shaped by customer budgets, input costs and the "
+                     f"timing of large orders during {period}. Management continued to prioritise "
+                     "pricing discipline over volume, and inventory levels were kept close to "
+                     "plan throughout the quarter."),
+        dm.Paragraph("Competitive intensity was broadly unchanged. Several competitors announced "
+                     "price increases, while new entrants focused on niche products. The company "
+                     "kept its investment programme on schedule and expects no change to the "
+                     "capital expenditure guidance given at the start of the year."),
+        dm.Paragraph("Working capital remained under close review. Receivable days improved "
+                     "slightly, helped by tighter collection processes, while payables were in "
+                     "line with contractual terms agreed with the main suppliers."),
     )
 
 

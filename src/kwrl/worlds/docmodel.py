@@ -1,4 +1,4 @@
-"""A neutral model of the documents a world contains, rendered to real files by `kwrl.worlds.writers`.
+"""A neutral model of the documents a world contains, rendered to files by `kwrl.worlds.writers`.
 
 World composition decides *what* a document says (from the hidden fact table); the writers decide
 how each format lays it out. Keeping the two apart is what lets one fact appear, consistently, in a
@@ -28,7 +28,12 @@ class Table:
     caption: str = ""
 
 
-Block = Paragraph | Table
+@dataclass(frozen=True)
+class ColumnBreak:
+    """PDF only: continue in the next column (other formats have no columns and skip it)."""
+
+
+Block = Paragraph | Table | ColumnBreak
 
 
 @dataclass(frozen=True)

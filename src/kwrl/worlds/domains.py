@@ -103,7 +103,8 @@ def contract_doc(f: WorldFacts, c: Contract) -> dm.Document:
 
 def amendment_doc(f: WorldFacts, c: Contract) -> dm.Document:
     return dm.Document(f"Amendment No. 1 to the {c.kind}", (
-        dm.Paragraph(f"Between {f.company} and {c.counterparty}, dated {c.amendment_date:%d %B %Y}."),
+        dm.Paragraph(f"Between {f.company} and {c.counterparty}, dated "
+                     f"{c.amendment_date:%d %B %Y}."),
         dm.Paragraph(f"Clause {CLAUSES['notice']} is deleted and replaced with: Either party may "
                      f"terminate for convenience on {c.amended_notice_days} days' written notice."),
         dm.Paragraph("All other terms of the agreement remain in full force and effect."),

@@ -216,7 +216,8 @@ def _contracts(rng: random.Random, counterparties: list[str]) -> tuple[Contract,
             governing_law=rng.choice(_GOVERNING_LAW),
             amended_notice_days=rng.choice([d for d in (30, 60, 90, 180) if d != notice])
             if amended else None,
-            amendment_date=dt.date(2025, rng.randint(1, 9), rng.randint(1, 28)) if amended else None,
+            amendment_date=(dt.date(2025, rng.randint(1, 9), rng.randint(1, 28))
+                            if amended else None),
         ))
     return tuple(contracts)
 

@@ -31,7 +31,7 @@ DOMAINS = (Domain.CONSULTING, Domain.BANKING, Domain.LAW)
 MAX_FILES_PER_WORLD = 400
 
 
-def _spec(world: World, tmpl: Template, draft: Draft, k: int) -> TaskSpec:
+def task_spec(world: World, tmpl: Template, draft: Draft, k: int) -> TaskSpec:
     f = world.facts
     return TaskSpec(
         task_id=f"{f.world_id}-t{k:02d}",
@@ -67,7 +67,7 @@ def draw_tasks(world: World, count: int) -> list[TaskSpec]:
         if draft is None or draft.instruction in seen:
             continue
         seen.add(draft.instruction)
-        specs.append(_spec(world, tmpl, draft, len(specs)))
+        specs.append(task_spec(world, tmpl, draft, len(specs)))
     return specs
 
 

@@ -141,7 +141,10 @@ def write_task(spec: TaskSpec, tasks_root: Path, world_dir: Path) -> Path:
             "template": spec.template,
             "world_id": spec.world_id,
         },
-        "agent": {"timeout_sec": spec.timeouts.agent_sec, "tool_timeout_sec": spec.timeouts.tool_sec},
+        "agent": {
+            "timeout_sec": spec.timeouts.agent_sec,
+            "tool_timeout_sec": spec.timeouts.tool_sec,
+        },
         "verifier": {"timeout_sec": spec.timeouts.verifier_sec},
         "environment": {
             "setup_timeout_sec": spec.timeouts.setup_sec,

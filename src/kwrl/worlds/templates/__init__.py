@@ -82,7 +82,8 @@ def names(cid: str, description: str, any_of: list[str], none_of: list[str] | No
 
 def content(text: list[list[str]] | None = None, numbers: list[float] | None = None,
             rel_tol: float = 0.005) -> dict:
-    return {"text": text or [], "numbers": [{"value": v, "rel_tol": rel_tol} for v in numbers or []]}
+    numbers_spec = [{"value": v, "rel_tol": rel_tol} for v in numbers or []]
+    return {"text": text or [], "numbers": numbers_spec}
 
 
 def cell(cid: str, description: str, path: str, sheet: str, ref: str, value: float) -> Criterion:
@@ -126,4 +127,4 @@ def fmt(value: float) -> str:
 
 
 # Importing the template modules registers them.
-from kwrl.worlds.templates import common, domain  # noqa: E402,F401
+from kwrl.worlds.templates import common, domain_specific  # noqa: E402,F401

@@ -29,8 +29,10 @@ def distinct(a: float, b: float, rel: float = 0.01) -> bool:
 
 
 def _other_period(rng: random.Random, period: str) -> str:
+    """An adjacent quarter: the figure a careless reader copies by mistake."""
     i = PERIODS.index(period)
-    return PERIODS[i - 1] if i > 0 and rng.random() < 0.5 or i == len(PERIODS) - 1 else PERIODS[i + 1]
+    earlier = i == len(PERIODS) - 1 or (i > 0 and rng.random() < 0.5)
+    return PERIODS[i - 1] if earlier else PERIODS[i + 1]
 
 
 @template("report_segment_revenue", tier=1)
