@@ -120,3 +120,14 @@ def test_bad_split_arguments_are_refused_clearly(tmp_path, kwargs, message):
 def test_a_split_never_overwrites_a_non_empty_directory(split):
     with pytest.raises(FileExistsError):
         generate_split("test", 3, 1, split)
+
+
+def test_distractors_are_a_knob():
+    facts = make_world("test", 1, 0, Domain.CONSULTING)
+    paths = Paths(facts)
+    with_them, without = compose_world(facts, 60), compose_world(facts, 60, distractors=False)
+    assert paths.draft_report in with_them and paths.draft_report not in without
+    lookalike = facts.lookalike.replace(" ", "_")
+    assert any(lookalike in p for p in with_them)
+    assert not any(lookalike in p for p in without)
+    assert len(without) == 60

@@ -264,15 +264,21 @@ def _csv_table(f: WorldFacts, year: int) -> dm.Table:
                                                  for s in f.segments))
 
 
-def compose_world(f: WorldFacts, n_files: int = 60) -> dict[str, DocModel]:
-    """Every file of the world, keyed by workspace-relative path."""
+def compose_world(f: WorldFacts, n_files: int = 60, distractors: bool = True
+                  ) -> dict[str, DocModel]:
+    """Every file of the world, keyed by workspace-relative path.
+
+    `distractors=False` leaves out the superseded draft report, its correction thread and the
+    research notes on the look-alike company: an easier world, for a curriculum.
+    """
     from kwrl.worlds import domains, noise, threads
 
     paths = Paths(f)
     files: dict[str, DocModel] = {paths.financials: financials_workbook(f)}
     for period in PERIODS:
         files[paths.report(period)] = quarterly_report(f, period)
-    files[paths.draft_report] = quarterly_report(f, f.draft_period, draft=True)
+    if distractors:
+        files[paths.draft_report] = quarterly_report(f, f.draft_period, draft=True)
     for period in paths.board_periods:
         placeholder = TBD if period == paths.update_deck_period else None
         files[paths.board_deck(period)] = board_deck(f, period, placeholder)
@@ -280,12 +286,12 @@ def compose_world(f: WorldFacts, n_files: int = 60) -> dict[str, DocModel]:
         files[paths.csv(year)] = _csv_table(f, year)
     files[paths.budget] = budget_workbook(f)
     files[paths.segment_summary] = segment_summary(f)
-    files[paths.mailbox] = threads.mailbox(f)
+    files[paths.mailbox] = threads.mailbox(f, distractors)
     files[paths.chat] = threads.chat(f)
     files[paths.calendar] = threads.calendar(f)
     files.update(domains.domain_files(f, paths))
     rng = random.Random(f.seed ^ 0x5EED)
-    files.update(noise.noise_files(f, rng, max(0, n_files - len(files))))
+    files.update(noise.noise_files(f, rng, max(0, n_files - len(files)), distractors))
     return files
 
 

@@ -40,7 +40,8 @@ def _lookalike_report(f: WorldFacts, rng: random.Random, year: int) -> dm.Docume
     ), author="Research desk", date=dt.date(year, 12, 15))
 
 
-def noise_files(f: WorldFacts, rng: random.Random, count: int) -> dict[str, object]:
+def noise_files(f: WorldFacts, rng: random.Random, count: int, distractors: bool = True
+                ) -> dict[str, object]:
     files: dict[str, object] = {}
     slug = f.lookalike.replace(" ", "_")
     for i in range(count):
@@ -49,7 +50,7 @@ def noise_files(f: WorldFacts, rng: random.Random, count: int) -> dict[str, obje
         date = dt.date(2025, 1, 1) + dt.timedelta(days=rng.randint(0, 330))
         name = f"{folder}/{date:%Y-%m-%d}_{topic.replace(' ', '_')}_{i:03d}"
         kind = i % 10
-        if kind in (0, 5) and i < 30:
+        if kind in (0, 5) and i < 30 and distractors:
             year = 2023 + (i // 5) % 3
             version = "" if i < 15 else "_v2"
             files[f"Research/{slug}_Annual_Review_{year}{version}.pdf"] = _lookalike_report(

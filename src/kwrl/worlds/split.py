@@ -58,7 +58,7 @@ def draw_tasks(world: World, count: int) -> list[TaskSpec]:
     while len(specs) < count and attempts < count * 50:
         attempts += 1
         tier = rng.choices((1, 2, 3, 4), TIER_WEIGHTS)[0]
-        candidates = templates_for(world.facts.domain, tier)
+        candidates = templates_for(world.facts.domain, tier, world.distractors)
         # Spread a world's tasks over its templates: the least-used template of the tier goes next.
         fewest = min(used[t.name] for t in candidates)
         tmpl = rng.choice([t for t in candidates if used[t.name] == fewest])
@@ -72,14 +72,14 @@ def draw_tasks(world: World, count: int) -> list[TaskSpec]:
 
 
 def build_world(split: str, seed: int, index: int, n_tasks: int, files_per_world: int,
-                out: Path) -> tuple[str, list[str]]:
+                out: Path, distractors: bool = True) -> tuple[str, list[str]]:
     """Render world `index` under `out/worlds/` and write its tasks; return (world id, task ids)."""
     facts = make_world(split, seed, index, DOMAINS[index % len(DOMAINS)])
     world_dir = out / "worlds" / facts.world_id
-    files = compose_world(facts, files_per_world)
+    files = compose_world(facts, files_per_world, distractors)
     render_files(files, world_dir / "files")
     (world_dir / "world.json").write_text(_facts_json(facts))
-    world = World(facts, Paths(facts), files)
+    world = World(facts, Paths(facts), files, distractors)
     specs = draw_tasks(world, n_tasks)
     for spec in specs:
         write_task(spec, out / "tasks", world_dir)
@@ -92,8 +92,11 @@ def _facts_json(facts: WorldFacts) -> str:
 
 def generate_split(split: str, n_tasks: int, seed: int, out: Path, files_per_world: int = 60,
                    progress: Callable[[int, int], None] | None = None,
-                   workers: int | None = None) -> Path:
-    """Write a split of `n_tasks` tasks to `out`; call `progress(done, total)` per world."""
+                   workers: int | None = None, distractors: bool = True) -> Path:
+    """Write a split of `n_tasks` tasks to `out`; call `progress(done, total)` per world.
+
+    `distractors=False` builds easier worlds without superseded drafts or look-alike notes.
+    """
     if not re.fullmatch(r"[a-z][a-z0-9_]*", split):
         raise ValueError(f"split name must be lowercase letters, digits or _: {split!r}")
     if n_tasks < 1:
@@ -109,7 +112,8 @@ def generate_split(split: str, n_tasks: int, seed: int, out: Path, files_per_wor
     workers = workers or min(os.cpu_count() or 1, n_worlds)
     results: list[tuple[str, list[str]]] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(build_world, split, seed, i, counts[i], files_per_world, out)
+        futures = [pool.submit(build_world, split, seed, i, counts[i], files_per_world, out,
+                               distractors)
                    for i in range(n_worlds)]
         for done, future in enumerate(futures, start=1):
             results.append(future.result())
@@ -117,6 +121,7 @@ def generate_split(split: str, n_tasks: int, seed: int, out: Path, files_per_wor
                 progress(done, n_worlds)
     manifest = {
         "split": split, "seed": seed, "files_per_world": files_per_world,
+        "distractors": distractors,
         "worlds": [w for w, _ in results], "tasks": [t for _, ts in results for t in ts],
     }
     (out / "split.json").write_text(json.dumps(manifest, indent=1))

@@ -83,9 +83,11 @@ def _noise_emails(f: WorldFacts, start: dt.datetime) -> list[dm.Email]:
     return out
 
 
-def mailbox(f: WorldFacts) -> tuple[dm.Email, ...]:
+def mailbox(f: WorldFacts, distractors: bool = True) -> tuple[dm.Email, ...]:
     start = dt.datetime(2025, 6, 2, 9, 0)
-    emails = _correction_thread(f) + _domain_thread(f, start) + _noise_emails(f, start)
+    emails = _domain_thread(f, start) + _noise_emails(f, start)
+    if distractors:
+        emails += _correction_thread(f)
     return tuple(sorted(emails, key=lambda e: e.date))
 
 

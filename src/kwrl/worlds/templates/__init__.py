@@ -29,6 +29,8 @@ class World:
     facts: WorldFacts
     paths: Paths
     files: Mapping[str, object]
+    distractors: bool = True
+    """Whether the world holds the superseded draft and look-alike research notes."""
 
 
 @dataclass(frozen=True)
@@ -48,22 +50,28 @@ class Template:
     tier: int
     domains: tuple[Domain, ...]
     build: Callable[[World, random.Random], Draft | None]
+    needs_distractors: bool = False
+    """The task is about the superseded draft, so it exists only in worlds that have one."""
 
 
 TEMPLATES: list[Template] = []
 ALL_DOMAINS = tuple(Domain)
 
 
-def template(name: str, tier: int, domains: tuple[Domain, ...] = ALL_DOMAINS):
+def template(name: str, tier: int, domains: tuple[Domain, ...] = ALL_DOMAINS,
+             needs_distractors: bool = False):
     def register(fn: Callable[[World, random.Random], Draft | None]):
-        TEMPLATES.append(Template(name, tier, domains, fn))
+        TEMPLATES.append(Template(name, tier, domains, fn, needs_distractors))
         return fn
 
     return register
 
 
-def templates_for(domain: Domain, tier: int | None = None) -> list[Template]:
-    return [t for t in TEMPLATES if domain in t.domains and (tier is None or t.tier == tier)]
+def templates_for(domain: Domain, tier: int | None = None, distractors: bool = True
+                  ) -> list[Template]:
+    return [t for t in TEMPLATES
+            if domain in t.domains and (tier is None or t.tier == tier)
+            and (distractors or not t.needs_distractors)]
 
 
 # Criterion builders: one place that knows each kind's parameters.

@@ -270,7 +270,7 @@ def memo_top_segment(w: World, rng: random.Random) -> Draft | None:
     )
 
 
-@template("reconcile_draft", tier=4)
+@template("reconcile_draft", tier=4, needs_distractors=True)
 def reconcile_draft(w: World, rng: random.Random) -> Draft | None:
     f, period = w.facts, w.facts.draft_period
     seg = rng.choice(f.segments)
