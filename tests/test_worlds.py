@@ -131,3 +131,17 @@ def test_distractors_are_a_knob():
     assert any(lookalike in p for p in with_them)
     assert not any(lookalike in p for p in without)
     assert len(without) == 60
+
+
+def test_generated_train_and_test_splits_share_no_world_company_or_prompt(split, tmp_path):
+    from kwrl.worlds.overlap import check_split
+
+    train = generate_split("train", 60, 3, tmp_path / "train", files_per_world=30)
+    overlap = check_split(train, split)
+    assert overlap.clean, (overlap.shared_worlds, overlap.near_duplicates[:3])
+    companies = {json.loads((w / "world.json").read_text())["company"]
+                 for s in (train, split) for w in (s / "worlds").iterdir()}
+    test_companies = {json.loads((w / "world.json").read_text())["company"]
+                      for w in (split / "worlds").iterdir()}
+    train_companies = companies - test_companies
+    assert not any(c.split()[0] in {t.split()[0] for t in test_companies} for c in train_companies)

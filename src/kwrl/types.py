@@ -64,7 +64,7 @@ class Criterion:
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Per-stage limits of a trial, in seconds (task.toml `[agent]`, `[verifier]`, `[environment]`)."""
+    """Per-stage limits of a trial, in seconds (task.toml agent, verifier, environment)."""
 
     agent_sec: float = 600.0
     """The whole agent run."""

@@ -26,6 +26,11 @@ _STEMS = (
     "Halcyon", "Ironbridge", "Juniper", "Kestrel", "Larkspur", "Meridian", "Northgate", "Oakridge",
     "Pinecrest", "Quillon", "Redfern", "Silverline", "Thornbury", "Umberly", "Valemont", "Westmark",
     "Yarrow", "Zephyr", "Ashcombe", "Bellhaven", "Corvina", "Driftwood", "Elmstead",
+    "Foxglove", "Glenrock", "Harrowgate", "Islay", "Jasperwood", "Kingsmere", "Lindenhall",
+    "Marchbank", "Nettlefield", "Orchard Bay", "Penhallow", "Quarrystone", "Ravensworth",
+    "Saltmarsh", "Tidewater", "Underhill", "Vantorre", "Whitcombe", "Wrenfield", "Amberlea",
+    "Blackthorn", "Coldharbour", "Dunmore", "Eastwick", "Farrowdale", "Goldcrest", "Hawksmoor",
+    "Ivybridge", "Kilbride", "Lochmere",
 )
 _SUFFIXES = ("Systems", "Holdings", "Industries", "Group", "Partners", "Technologies", "Logistics")
 _LOOKALIKE = {"Systems": "Systemics", "Holdings": "Holding", "Industries": "Industrial",
@@ -148,9 +153,15 @@ def world_seed(split: str, seed: int, index: int) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def _company(rng: random.Random, taken: set[str]) -> tuple[str, str]:
+def name_stems(split: str) -> tuple[str, ...]:
+    """Company name stems a split may use: the test split's third never appears in any other
+    split, so no company name, and no prompt naming it, is shared between train and test."""
+    return _STEMS[0::3] if split == "test" else _STEMS[1::3] + _STEMS[2::3]
+
+
+def _company(rng: random.Random, taken: set[str], stems: tuple[str, ...]) -> tuple[str, str]:
     while True:
-        stem, suffix = rng.choice(_STEMS), rng.choice(_SUFFIXES)
+        stem, suffix = rng.choice(stems), rng.choice(_SUFFIXES)
         if stem not in taken:
             taken.add(stem)
             return f"{stem} {suffix}", f"{stem} {_LOOKALIKE[suffix]}"
@@ -241,8 +252,9 @@ def make_world(split: str, seed: int, index: int, domain: Domain) -> WorldFacts:
     wseed = world_seed(split, seed, index)
     rng = random.Random(wseed)
     taken: set[str] = set()
-    company, lookalike = _company(rng, taken)
-    firm = _company(rng, taken)[0].split()[0] + {
+    stems = name_stems(split)
+    company, lookalike = _company(rng, taken, stems)
+    firm = _company(rng, taken, stems)[0].split()[0] + {
         Domain.CONSULTING: " Advisory", Domain.BANKING: " Capital", Domain.LAW: " LLP"}[domain]
     people = _people(rng, domain, f"{firm.split()[0].lower()}.example",
                      f"{company.split()[0].lower()}.example")
@@ -258,14 +270,15 @@ def make_world(split: str, seed: int, index: int, domain: Domain) -> WorldFacts:
                      savings_target_pct=float(rng.choice((5, 7.5, 10, 12.5, 15))))
     elif domain == Domain.BANKING:
         unaffected = round(rng.uniform(12, 80), 2)
-        extra = dict(acquirer=_company(rng, taken)[0], unaffected_price=unaffected,
+        extra = dict(acquirer=_company(rng, taken, stems)[0], unaffected_price=unaffected,
                      offer_price=round(unaffected * rng.uniform(1.2, 1.45), 2),
                      shares_outstanding=round(rng.uniform(40, 300), 1),
                      net_debt=round(rng.uniform(50, 600), 1),
-                     peers=tuple(Peer(_company(rng, taken)[0], round(rng.uniform(800, 9000), 1),
+                     peers=tuple(Peer(_company(rng, taken, stems)[0],
+                                      round(rng.uniform(800, 9000), 1),
                                       round(rng.uniform(60, 700), 1)) for _ in range(5)))
     else:
-        parties = [_company(rng, taken)[0] for _ in range(3)]
+        parties = [_company(rng, taken, stems)[0] for _ in range(3)]
         extra = dict(contracts=_contracts(rng, parties))
     world_id = f"{split}-{domain.value[:4]}-{index:03d}-{wseed % 0xFFFFFF:06x}"
     return WorldFacts(

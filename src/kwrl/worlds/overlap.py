@@ -13,10 +13,17 @@ in their boilerplate. Two measures keep that from reading as a duplicate:
 * `n = 8` by default: a shingle that touches any specific word (a company, a segment, a number)
   differs between tasks, and 8 words rarely fit between two specific words of one sentence.
 * Boilerplate removal: a shingle found in `boilerplate_df` (3) or more prompts of the two splits
-  together is template text, not task content, and is ignored. A prompt leaked from one split
-  into the other appears twice, so its specific shingles survive, while a template used three
-  times or more shows its boilerplate. (A template used only once per split cannot show it; its
-  two prompts are then judged on 8-word shingles alone.)
+  together, or in two prompts of one split, is template text, not task content, and is ignored.
+  A prompt leaked from one split into the other appears once in each, so its specific shingles
+  survive, while a template used twice in a split shows its boilerplate. (A template used only
+  once in each split cannot show it; its two prompts are then judged on 8-word shingles alone.)
+
+Same question, other subject: two prompts that ask the same thing about different companies
+("What EBITDA did Dunmore Logistics's Energy segment...", "...Silverline Logistics's...") differ
+in one word yet are different tasks, answered in different worlds. So a pair is a near-duplicate
+only if both prompts name the same things: the same set of capitalised words that do not start a
+sentence (companies, segments, people, file names). Prompts without such names are judged on
+their shingles alone.
 
 Similarity is containment over the remaining ("specific") shingles, |A & B| / min(|A|, |B|),
 so a prompt copied into a longer one still scores 1; Jaccard is reported beside it. Prompts with
@@ -151,7 +158,10 @@ def near_duplicate_prompts(
     sets_a = [shingles(w, n) for w in words_a]
     sets_b = [shingles(w, n) for w in words_b]
     if boilerplate_df > 0:
-        common = _frequent([*sets_a, *sets_b], boilerplate_df)
+        # Template text shows either across both splits or twice within one split; a leaked
+        # prompt shows once per split, so its specific shingles survive both filters.
+        common = (_frequent([*sets_a, *sets_b], boilerplate_df)
+                  | _frequent(sets_a, 2) | _frequent(sets_b, 2))
         sets_a = [s - common for s in sets_a]
         sets_b = [s - common for s in sets_b]
     found = _exact_duplicates(words_a, words_b)
@@ -159,15 +169,27 @@ def near_duplicate_prompts(
     for j, shingle_set in enumerate(sets_b):
         for shingle in shingle_set:
             index.setdefault(shingle, []).append(j)
+    names_a = [proper_names(prompts_a[t]) for t in ids_a]
+    names_b = [proper_names(prompts_b[t]) for t in ids_b]
     for i, shingle_set in enumerate(sets_a):
         shared = Counter(j for s in shingle_set for j in index.get(s, ()))
         for j, n_shared in shared.items():
             containment = n_shared / min(len(shingle_set), len(sets_b[j]))
-            if containment >= threshold and (i, j) not in found:
+            if containment >= threshold and (i, j) not in found and names_a[i] == names_b[j]:
                 jaccard = n_shared / (len(shingle_set) + len(sets_b[j]) - n_shared)
                 found[i, j] = (containment, jaccard)
     pairs = [PromptPair(ids_a[i], ids_b[j], s, jac) for (i, j), (s, jac) in found.items()]
     return sorted(pairs, key=lambda p: (-p.similarity, p.task_a, p.task_b))
+
+
+_SENTENCE_START = re.compile(r"(?:^|[.!?:]\s+|\n\s*)([A-Z][\w'&-]*)")
+_CAPITALISED = re.compile(r"\b[A-Z][\w'&-]*")
+
+
+def proper_names(text: str) -> frozenset[str]:
+    """Capitalised words that do not open a sentence: what a prompt is about."""
+    openers = {m.start(1) for m in _SENTENCE_START.finditer(text)}
+    return frozenset(m.group() for m in _CAPITALISED.finditer(text) if m.start() not in openers)
 
 
 def _frequent(sets: Iterable[set[int]], min_df: int) -> set[int]:

@@ -55,6 +55,7 @@ class Template:
 
 
 TEMPLATES: list[Template] = []
+MILLION = 1e6
 ALL_DOMAINS = tuple(Domain)
 
 
@@ -77,9 +78,17 @@ def templates_for(domain: Domain, tier: int | None = None, distractors: bool = T
 # Criterion builders: one place that knows each kind's parameters.
 
 def number(cid: str, description: str, value: float, unit: str = "", rel_tol: float = 0.005,
-           abs_tol: float = 0.0, weight: float = 1.0) -> Criterion:
+           abs_tol: float = 0.0, weight: float = 1.0, scale: float = 1.0) -> Criterion:
     params: dict = {"value": value, "rel_tol": rel_tol, "abs_tol": abs_tol, "unit": unit}
+    if scale != 1.0:
+        params["scale"] = scale
     return Criterion(cid, CriterionKind.ANSWER_NUMBER, description, weight, params)
+
+
+def millions(cid: str, description: str, value: float, rel_tol: float = 0.005,
+             abs_tol: float = 0.0, weight: float = 1.0) -> Criterion:
+    """A money figure in USD millions: `27.8`, `$27.8m` and `27,800,000` all state it."""
+    return number(cid, description, value, "", rel_tol, abs_tol, weight, MILLION)
 
 
 def names(cid: str, description: str, any_of: list[str], none_of: list[str] | None = None,
@@ -89,8 +98,9 @@ def names(cid: str, description: str, any_of: list[str], none_of: list[str] | No
 
 
 def content(text: list[list[str]] | None = None, numbers: list[float] | None = None,
-            rel_tol: float = 0.005) -> dict:
-    numbers_spec = [{"value": v, "rel_tol": rel_tol} for v in numbers or []]
+            rel_tol: float = 0.005, scale: float = MILLION) -> dict:
+    """A content spec; `numbers` are money figures in USD millions unless `scale` says not."""
+    numbers_spec = [{"value": v, "rel_tol": rel_tol, "scale": scale} for v in numbers or []]
     return {"text": text or [], "numbers": numbers_spec}
 
 

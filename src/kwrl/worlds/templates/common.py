@@ -14,6 +14,7 @@ from kwrl.worlds.templates import (
     created,
     date_forms,
     fmt,
+    millions,
     names,
     number,
     slide_shape,
@@ -46,7 +47,7 @@ def report_segment_revenue(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"Please check {w.paths.report(period)}: what revenue did the {seg} segment of "
         f"{f.company} report for {period}? Give the figure in USD millions.",
-        (number("c1", f"States {seg} revenue for {period}: {fmt(value)}m", value),),
+        (millions("c1", f"States {seg} revenue for {period}: {fmt(value)}m", value),),
         f"{seg} revenue in {period} was ${fmt(value)}m.",
         f"{seg} revenue in {period} was ${fmt(wrong)}m.",
     )
@@ -60,7 +61,7 @@ def workbook_total_ebitda(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"In {w.paths.financials}, what is {f.company}'s total EBITDA for {period} "
         f"(all segments)? Answer in USD millions.",
-        (number("c1", f"States total EBITDA for {period}: {fmt(value)}m", value),),
+        (millions("c1", f"States total EBITDA for {period}: {fmt(value)}m", value),),
         f"Total EBITDA for {period} was ${fmt(value)}m.",
         f"Total EBITDA for {period} was ${fmt(wrong)}m.",
     )
@@ -77,7 +78,7 @@ def find_segment_ebitda(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"What EBITDA did {f.company}'s {seg} segment generate in {period}? I need the figure "
         f"in USD millions for a client call.",
-        (number("c1", f"States {seg} EBITDA for {period}: {fmt(value)}m", value),),
+        (millions("c1", f"States {seg} EBITDA for {period}: {fmt(value)}m", value),),
         f"{seg} EBITDA in {period}: ${fmt(value)}m.",
         f"{seg} EBITDA in {period}: ${fmt(wrong)}m.",
     )
@@ -91,7 +92,7 @@ def find_final_revenue(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"What was the final reported revenue of the {seg} segment of {f.company} for "
         f"{period}? Make sure you use final figures, in USD millions.",
-        (number("c1", f"States the final {seg} revenue for {period}: {fmt(value)}m "
+        (millions("c1", f"States the final {seg} revenue for {period}: {fmt(value)}m "
                       f"(not the draft's {fmt(wrong)}m)", value),),
         f"Final {seg} revenue for {period} was ${fmt(value)}m.",
         f"{seg} revenue for {period} was ${fmt(wrong)}m.",
@@ -129,8 +130,8 @@ def segment_growth(w: World, rng: random.Random) -> Draft | None:
         f"By how much did revenue of {f.company}'s {seg} segment change from {p0} to {p1}, in "
         f"percent? Use the quarterly reports and round to one decimal.",
         (number("c1", f"States the change: {growth:+.1f}%", growth, unit="%", abs_tol=0.15),
-         number("c2", f"States {p1} revenue: {fmt(b)}m", b, weight=0.5),
-         number("c3", f"States {p0} revenue: {fmt(a)}m", a, weight=0.5)),
+         millions("c2", f"States {p1} revenue: {fmt(b)}m", b, weight=0.5),
+         millions("c3", f"States {p0} revenue: {fmt(a)}m", a, weight=0.5)),
         f"{seg} revenue went from ${fmt(a)}m in {p0} to ${fmt(b)}m in {p1}, a change of "
         f"{growth:+.1f}%.",
         f"{seg} revenue changed by {wrong:+.1f}%.",
@@ -148,7 +149,7 @@ def fiscal_year_revenue(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"What was the full-year {year} revenue of {f.company}'s {seg} segment (sum of the four "
         f"quarters), in USD millions?",
-        (number("c1", f"States FY{year} {seg} revenue: {fmt(value)}m", value),),
+        (millions("c1", f"States FY{year} {seg} revenue: {fmt(value)}m", value),),
         f"{seg} revenue for FY{year} was ${fmt(value)}m.",
         f"{seg} revenue for FY{year} was ${fmt(wrong)}m.",
     )
@@ -182,8 +183,8 @@ def budget_fill_actual(w: World, rng: random.Random) -> Draft | None:
         return None
     ref = compose.budget_cell(f, seg)
     return Draft(
-        f"In {path}, sheet Actuals, fill in the {seg} actual revenue for Q4 2025 (USD millions) "
-        f"from the final Q4 2025 quarterly report. Leave everything else as it is.",
+        f"In {path}, sheet Actuals, fill in {f.company}'s {seg} actual revenue for Q4 2025 (USD "
+        f"millions) from the final Q4 2025 quarterly report. Leave everything else as it is.",
         (cell("c1", f"{path} Actuals!{ref} holds {fmt(value)}", path, "Actuals", ref, value),
          unchanged("c2", [path])),
         f"Filled Actuals!{ref} with {fmt(value)}.",
@@ -205,8 +206,8 @@ def summary_table_fill(w: World, rng: random.Random) -> Draft | None:
         for i, s in enumerate(f.segments)
     ) + (unchanged(f"c{len(f.segments) + 1}", [path]),)
     return Draft(
-        f"Complete the EBITDA column of the table in {path} with each segment's {period} EBITDA "
-        f"(USD millions) from the final quarterly report.",
+        f"Complete the EBITDA column of the table in {path} with each {f.company} segment's "
+        f"{period} EBITDA (USD millions) from the final quarterly report.",
         rubric,
         "Completed the EBITDA column: " + "; ".join(f"{s} {fmt(v)}" for s, v in right.items()),
         "Completed the EBITDA column.",
@@ -220,7 +221,8 @@ def board_slide_update(w: World, rng: random.Random) -> Draft | None:
     f = w.facts
     period = w.paths.update_deck_period
     path = w.paths.board_deck(period)
-    value, wrong = f.total("revenue", period), f.total("revenue", "Q3 2025")
+    # The plausible mistake: copying the EBITDA line just below (always far from revenue).
+    value, wrong = f.total("revenue", period), f.total("ebitda", period)
     text = compose.money(value)
     return Draft(
         f"The 'Key figures' slide of {path} still shows a placeholder for total revenue. Update "
@@ -259,7 +261,7 @@ def memo_top_segment(w: World, rng: random.Random) -> Draft | None:
         f"segment of {f.company} had the highest revenue in {period} and what that revenue was "
         f"(USD millions).",
         (created("c1", f"{path} names {top}", path, "md",
-                 content([[top]], [], ) | {"none_of": [second]}),
+                 content([[top]]) | {"none_of": [second]}),
          created("c2", f"{path} states {fmt(f.revenue[top][period])}m", path, "md",
                  content(None, [f.revenue[top][period]])),
          unchanged("c3", [path])),
@@ -277,11 +279,11 @@ def reconcile_draft(w: World, rng: random.Random) -> Draft | None:
     final, draft = f.revenue[seg][period], f.draft_revenue[seg]
     gap = round(abs(final - draft), 1)
     return Draft(
-        f"Two versions of the {period} quarterly report disagree on {seg} revenue. Which figure "
-        f"is the correct one, and how large is the difference between the two versions (USD "
-        f"millions)?",
-        (number("c1", f"States the correct (final) figure {fmt(final)}m", final),
-         number("c2", f"States the difference {fmt(gap)}m", gap, rel_tol=0.02, abs_tol=0.05),
+        f"Two versions of {f.company}'s {period} quarterly report disagree on {seg} revenue. "
+        f"Which figure is the correct one, and how large is the difference between the two "
+        f"versions (USD millions)?",
+        (millions("c1", f"States the correct (final) figure {fmt(final)}m", final),
+         millions("c2", f"States the difference {fmt(gap)}m", gap, rel_tol=0.02, abs_tol=0.05),
          names("c3", "Says the final report supersedes the draft", ["final"])),
         f"The final report's ${fmt(final)}m is correct; the superseded draft v1 showed "
         f"${fmt(draft)}m, a difference of ${fmt(gap)}m.",

@@ -6,7 +6,16 @@ import random
 
 from kwrl.types import Domain
 from kwrl.worlds.domains import CLAUSES
-from kwrl.worlds.templates import Draft, World, date_forms, fmt, names, number, template
+from kwrl.worlds.templates import (
+    Draft,
+    World,
+    date_forms,
+    fmt,
+    millions,
+    names,
+    number,
+    template,
+)
 
 CONSULTING, BANKING, LAW = (Domain.CONSULTING,), (Domain.BANKING,), (Domain.LAW,)
 
@@ -31,7 +40,7 @@ def savings_target(w: World, rng: random.Random) -> Draft | None:
     wrong = round(f.cost_base * 0.42 * f.savings_target_pct / 100, 1)
     return Draft(
         f"Using {w.paths.cost_review}, what is {f.company}'s savings target in USD millions?",
-        (number("c1", f"States the target: {fmt(value)}m", value, rel_tol=0.01),),
+        (millions("c1", f"States the target: {fmt(value)}m", value, rel_tol=0.01),),
         f"The target is {f.savings_target_pct:g}% of ${fmt(f.cost_base)}m, i.e. ${fmt(value)}m.",
         f"The target is ${fmt(wrong)}m.",
     )
@@ -74,8 +83,8 @@ def implied_enterprise_value(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"What enterprise value does {f.acquirer}'s offer imply for {f.company}? Use the offer "
         f"price, the shares outstanding and net debt; answer in USD millions.",
-        (number("c1", f"States the implied EV {fmt(ev)}m", ev, rel_tol=0.01),
-         number("c2", f"States the implied equity value {fmt(equity)}m", equity, rel_tol=0.01,
+        (millions("c1", f"States the implied EV {fmt(ev)}m", ev, rel_tol=0.01),
+         millions("c2", f"States the implied equity value {fmt(equity)}m", equity, rel_tol=0.01,
                 weight=0.5)),
         f"Equity value ${fmt(equity)}m (${f.offer_price:.2f} x {fmt(f.shares_outstanding)}m "
         f"shares) plus net debt ${fmt(f.net_debt)}m gives an enterprise value of ${fmt(ev)}m.",
@@ -108,7 +117,7 @@ def liability_cap(w: World, rng: random.Random) -> Draft | None:
         return None
     return Draft(
         f"What is the liability cap in {f.company}'s {c.kind.lower()} with {c.counterparty}?",
-        (number("c1", f"States the cap {fmt(c.liability_cap)}m", c.liability_cap),),
+        (millions("c1", f"States the cap {fmt(c.liability_cap)}m", c.liability_cap),),
         f"Aggregate liability is capped at ${fmt(c.liability_cap)}m (clause "
         f"{CLAUSES['liability']}).",
         f"Aggregate liability is capped at ${fmt(other.liability_cap)}m.",

@@ -1,0 +1,176 @@
+"""The `kwrl` command: generate worlds, check splits for contamination, evaluate agents.
+
+Commands import their heavy dependencies inside the function, so `kwrl --help` stays fast and a
+missing optional piece fails only the command that needs it. Bad arguments end with a one-line
+message and exit code 2, never a traceback. `kwrl eval` exits 0 even when trials errored: errors
+are data, reported in the table and in `summary.json`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+import kwrl
+
+app = typer.Typer(
+    name="kwrl",
+    help="Reinforcement learning for LLM agents on professional knowledge work.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+worlds_app = typer.Typer(help="Generate worlds and tasks; check splits.", no_args_is_help=True)
+app.add_typer(worlds_app, name="worlds")
+
+console = Console()
+err_console = Console(stderr=True)
+
+MAX_LISTED = 20
+"""Rows of near-duplicate prompts shown in the terminal (all are counted)."""
+
+
+class SplitName(StrEnum):
+    TRAIN = "train"
+    TEST = "test"
+
+
+class AgentName(StrEnum):
+    ORACLE = "oracle"
+    NULL = "null"
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _existing_dir(path: Path, what: str) -> Path:
+    if not path.exists():
+        _fail(f"{what} not found: {path}")
+    if not path.is_dir():
+        _fail(f"{what} is not a directory: {path}")
+    return path
+
+
+@app.command()
+def version() -> None:
+    """Print the kwrl version."""
+    console.print(f"kwrl {kwrl.__version__}", highlight=False)
+
+
+@worlds_app.command("generate")
+def worlds_generate(
+    split: Annotated[SplitName, typer.Option(help="Which split to generate.")],
+    tasks: Annotated[int, typer.Option(min=1, help="Number of tasks.")],
+    out: Annotated[Path, typer.Option(help="Directory to write the split to.")],
+    seed: Annotated[int, typer.Option(help="Random seed: same seed, same split.")] = 0,
+    files_per_world: Annotated[int, typer.Option(min=1, help="Files in each world.")] = 60,
+) -> None:
+    """Generate a split of worlds and tasks in Harbor's task layout."""
+    try:
+        from kwrl.worlds.split import generate_split
+    except ImportError as exc:
+        _fail(f"world generation is not available: {exc}")
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress(
+        "generate", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as bar:
+        job = bar.add_task("generate", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(job, completed=done, total=total)
+
+        try:
+            root = generate_split(split.value, tasks, seed, out, files_per_world, progress)
+        except (ValueError, OSError) as exc:
+            _fail(f"could not generate the {split.value} split: {exc}")
+    meta = json.loads((Path(root) / "split.json").read_text())
+    n_worlds, n_tasks = len(meta.get("worlds", [])), len(meta.get("tasks", []))
+    console.print(
+        f"wrote split [bold]{split.value}[/bold] (seed {seed}): "
+        f"{n_worlds} worlds, {n_tasks} tasks, to {escape(str(root))}",
+        soft_wrap=True,
+    )
+
+
+@worlds_app.command("check-split")
+def worlds_check_split(
+    a: Annotated[Path, typer.Argument(help="First split (e.g. train).")],
+    b: Annotated[Path, typer.Argument(help="Second split (e.g. test).")],
+    n: Annotated[int, typer.Option(min=1, help="Words per shingle.")] = 8,
+    threshold: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Similarity that counts as a duplicate.")
+    ] = 0.5,
+) -> None:
+    """Check two splits for shared worlds and near-duplicate prompts; exit 1 if any."""
+    from kwrl.worlds.overlap import check_split
+
+    result = check_split(_existing_dir(a, "split"), _existing_dir(b, "split"), n, threshold)
+    console.print(
+        f"{result.n_tasks_a} tasks in {a}, {result.n_tasks_b} tasks in {b} "
+        f"({n}-word shingles, threshold {threshold})",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    if result.shared_worlds:
+        table = Table("shared world", title=f"{len(result.shared_worlds)} shared worlds")
+        for world_id in result.shared_worlds:
+            table.add_row(world_id)
+        console.print(table)
+    if result.near_duplicates:
+        table = Table(
+            "task in A",
+            "task in B",
+            "similarity",
+            "jaccard",
+            title=f"{len(result.near_duplicates)} near-duplicate prompts",
+        )
+        for pair in result.near_duplicates[:MAX_LISTED]:
+            table.add_row(pair.task_a, pair.task_b, f"{pair.similarity:.2f}", f"{pair.jaccard:.2f}")
+        if len(result.near_duplicates) > MAX_LISTED:
+            table.caption = f"first {MAX_LISTED} shown"
+        console.print(table)
+    if not result.clean:
+        raise typer.Exit(1)
+    console.print("[green]clean:[/green] no shared worlds, no near-duplicate prompts")
+
+
+@app.command("eval")
+def eval_command(
+    agent: Annotated[AgentName, typer.Option(help="Which agent to run.")],
+    tasks: Annotated[Path, typer.Option(help="A split directory or a folder of task dirs.")],
+    out: Annotated[Path, typer.Option(help="Run directory for trials.jsonl and summary.json.")],
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Run an agent once on every task and report mean score and pass@1."""
+    from kwrl.eval.runner import SUMMARY_FILE, TRIALS_FILE, evaluate
+    from kwrl.eval.summary import summary_table
+    from kwrl.harness.baselines import NullAgent, OracleAgent
+    from kwrl.worlds.taskdir import task_dirs
+
+    if not task_dirs(_existing_dir(tasks, "tasks directory")):
+        _fail(f"no task directories found under {tasks}")
+    if out.exists() and not out.is_dir():
+        _fail(f"--out is not a directory: {out}")
+    runner = OracleAgent() if agent is AgentName.ORACLE else NullAgent()
+    try:
+        summary = evaluate(tasks, runner, out, progress=progress, console=console)
+    except OSError as exc:
+        _fail(f"could not write the run to {out}: {exc}")
+    console.print(summary_table(summary))
+    console.print(
+        f"wrote {out / TRIALS_FILE} and {out / SUMMARY_FILE}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )

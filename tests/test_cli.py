@@ -1,0 +1,128 @@
+"""The `kwrl` command: eval and check-split end to end, clear errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import kwrl
+from kwrl.cli import app
+from kwrl.types import Criterion, CriterionKind, Domain
+from kwrl.worlds.taskdir import TaskSpec, write_task
+
+runner = CliRunner()
+
+
+def make_split(root: Path, world_id: str, prompts: dict[str, str]) -> Path:
+    world = root / "worlds" / world_id
+    (world / "files").mkdir(parents=True)
+    (world / "files" / "report.md").write_text("Net debt was 12.0m at year end.\n")
+    rubric = (
+        Criterion(
+            "c1",
+            CriterionKind.ANSWER_NUMBER,
+            "States net debt of 12.0m.",
+            params={"value": 12e6, "rel_tol": 0.005, "abs_tol": 0.0, "unit": ""},
+        ),
+    )
+    for task_id, instruction in prompts.items():
+        spec = TaskSpec(
+            task_id, instruction, rubric, Domain.BANKING, 1, "test.t", world_id, "12.0m"
+        )
+        write_task(spec, root / "tasks", world)
+    meta = {"split": root.name, "seed": 0, "worlds": [world_id], "tasks": sorted(prompts)}
+    (root / "split.json").write_text(json.dumps(meta))
+    return root
+
+
+def test_version_prints_the_package_version() -> None:
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0 and kwrl.__version__ in result.output
+
+
+def test_eval_writes_the_run_and_prints_the_table(tmp_path: Path) -> None:
+    split = make_split(tmp_path / "test", "w1", {"t1": "What was net debt at year end?"})
+    (split / "tasks" / "t-broken").mkdir()  # an error trial is data: exit code stays 0
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["eval", "--agent", "oracle", "--tasks", str(split), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "overall" in result.output and "tier 1" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["agent"] == "oracle" and summary["n_tasks"] == 2
+    assert "t-broken" in summary["errors"]
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 2
+
+
+def test_eval_on_a_missing_directory_fails_clearly(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    result = runner.invoke(app, ["eval", "--agent", "null", "--tasks", str(missing), "--out", "x"])
+    assert result.exit_code == 2
+    assert "not found" in result.output and "Traceback" not in result.output
+    assert not isinstance(result.exception, FileNotFoundError)
+
+
+def test_eval_rejects_an_unknown_agent(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["eval", "--agent", "gpt", "--tasks", str(tmp_path), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_check_split_passes_disjoint_splits(tmp_path: Path) -> None:
+    train = make_split(tmp_path / "train", "w-train", {"a": "What was net debt at year end?"})
+    test = make_split(tmp_path / "test", "w-test", {"b": "Which lender signed the consent?"})
+    result = runner.invoke(app, ["worlds", "check-split", str(train), str(test)])
+    assert result.exit_code == 0, result.output
+    assert "clean" in result.output
+
+
+def test_check_split_fails_on_a_shared_world_and_a_copied_prompt(tmp_path: Path) -> None:
+    prompt = "Summarise the covenant headroom of Halvorsen Maritime under the 2024 facility."
+    train = make_split(tmp_path / "train", "w-shared", {"a": prompt})
+    test = make_split(tmp_path / "test", "w-shared", {"b": prompt})
+    result = runner.invoke(app, ["worlds", "check-split", str(train), str(test)])
+    assert result.exit_code == 1
+    assert "w-shared" in result.output and "1 near-duplicate prompts" in result.output
+
+
+def test_check_split_on_a_missing_directory_fails_clearly(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["worlds", "check-split", str(tmp_path), str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "not found" in result.output
+
+
+def test_worlds_generate_calls_the_generator_and_reports_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple] = []
+
+    def generate_split(split, n_tasks, seed, out, files_per_world=60, progress=None):
+        calls.append((split, n_tasks, seed, out, files_per_world))
+        out.mkdir(parents=True)
+        meta = {"split": split, "seed": seed, "worlds": ["w1", "w2"], "tasks": ["t1", "t2", "t3"]}
+        (out / "split.json").write_text(json.dumps(meta))
+        for done in range(1, n_tasks + 1):
+            progress(done, n_tasks)
+        return out
+
+    fake = types.ModuleType("kwrl.worlds.split")
+    fake.generate_split = generate_split  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kwrl.worlds.split", fake)
+    out = tmp_path / "train"
+    args = ["worlds", "generate", "--split", "train", "--tasks", "3", "--seed", "7", "--out"]
+    result = runner.invoke(app, [*args, str(out), "--files-per-world", "20"])
+    assert result.exit_code == 0, result.output
+    assert calls == [("train", 3, 7, out, 20)]
+    assert "2 worlds, 3 tasks" in result.output
+
+
+def test_worlds_generate_rejects_an_unknown_split(tmp_path: Path) -> None:
+    args = ["worlds", "generate", "--split", "dev", "--tasks", "3", "--out", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output
