@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 import kwrl
@@ -97,29 +94,15 @@ def test_check_split_on_a_missing_directory_fails_clearly(tmp_path: Path) -> Non
     assert result.exit_code == 2 and "not found" in result.output
 
 
-def test_worlds_generate_calls_the_generator_and_reports_counts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls: list[tuple] = []
-
-    def generate_split(split, n_tasks, seed, out, files_per_world=60, progress=None):
-        calls.append((split, n_tasks, seed, out, files_per_world))
-        out.mkdir(parents=True)
-        meta = {"split": split, "seed": seed, "worlds": ["w1", "w2"], "tasks": ["t1", "t2", "t3"]}
-        (out / "split.json").write_text(json.dumps(meta))
-        for done in range(1, n_tasks + 1):
-            progress(done, n_tasks)
-        return out
-
-    fake = types.ModuleType("kwrl.worlds.split")
-    fake.generate_split = generate_split  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kwrl.worlds.split", fake)
+def test_worlds_generate_writes_a_split_and_reports_counts(tmp_path: Path) -> None:
     out = tmp_path / "train"
     args = ["worlds", "generate", "--split", "train", "--tasks", "3", "--seed", "7", "--out"]
-    result = runner.invoke(app, [*args, str(out), "--files-per-world", "20"])
+    result = runner.invoke(app, [*args, str(out), "--files-per-world", "30", "--no-distractors"])
     assert result.exit_code == 0, result.output
-    assert calls == [("train", 3, 7, out, 20)]
-    assert "2 worlds, 3 tasks" in result.output
+    assert "1 worlds, 3 tasks" in result.output
+    meta = json.loads((out / "split.json").read_text())
+    assert meta["split"] == "train" and meta["seed"] == 7 and meta["distractors"] is False
+    assert len(list((out / "tasks").iterdir())) == 3
 
 
 def test_worlds_generate_rejects_an_unknown_split(tmp_path: Path) -> None:

@@ -167,7 +167,6 @@ def test_evaluate_records_a_broken_task_and_goes_on(tmp_path: Path) -> None:
 
 
 def test_evaluate_scores_the_oracle_one_and_the_null_agent_zero(tmp_path: Path) -> None:
-    """Needs kwrl.graders."""
     split = make_split(tmp_path / "split")
     oracle = evaluate(split, OracleAgent(), tmp_path / "oracle", progress=False)
     assert (oracle.n_tasks, oracle.n_errors) == (3, 1), oracle.errors

@@ -146,7 +146,6 @@ def test_oracle_copies_its_files_into_the_workspace_and_answers(tmp_path: Path) 
 
 
 def test_oracle_gets_full_marks_and_null_agent_none(tmp_path: Path) -> None:
-    """Needs kwrl.graders."""
     task_dir = make_task(tmp_path, make_world(tmp_path))
     logs = tmp_path / "logs"
     oracle = run_trial(task_dir, OracleAgent(), logs_dir=logs)
@@ -263,7 +262,7 @@ def test_the_oracle_without_a_solution_fails_clearly(tmp_path: Path) -> None:
 
 
 def test_a_broken_criterion_is_a_grader_error_not_a_zero(tmp_path: Path) -> None:
-    """Needs kwrl.graders: params without the required 'value' are a grader failure."""
+    """Params without the required 'value' are a grader failure."""
     broken = (Criterion("c1", CriterionKind.ANSWER_NUMBER, "States a number.", params={}),)
     task_dir = make_task(tmp_path, make_world(tmp_path), rubric=broken)
     trial = run_trial(task_dir, OracleAgent())
@@ -275,18 +274,17 @@ def test_a_broken_criterion_is_a_grader_error_not_a_zero(tmp_path: Path) -> None
 def test_the_before_snapshot_is_taken_once_per_world(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Needs kwrl.graders."""
-    import kwrl.graders
+    import kwrl.sandbox.trial
 
     world = make_world(tmp_path)
     calls: list[Path] = []
-    real = kwrl.graders.take_snapshot
+    real = kwrl.sandbox.trial.take_snapshot
 
     def counting(root: Path):
         calls.append(root)
         return real(root)
 
-    monkeypatch.setattr(kwrl.graders, "take_snapshot", counting)
+    monkeypatch.setattr(kwrl.sandbox.trial, "take_snapshot", counting)
     cache: dict = {}
     for task_id in ("t1", "t2"):
         trial = run_trial(make_task(tmp_path, world, task_id=task_id), OracleAgent(), cache)

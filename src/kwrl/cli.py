@@ -71,6 +71,9 @@ def worlds_generate(
     out: Annotated[Path, typer.Option(help="Directory to write the split to.")],
     seed: Annotated[int, typer.Option(help="Random seed: same seed, same split.")] = 0,
     files_per_world: Annotated[int, typer.Option(min=1, help="Files in each world.")] = 60,
+    distractors: Annotated[
+        bool, typer.Option(help="Superseded drafts and look-alike notes (off: easier worlds).")
+    ] = True,
 ) -> None:
     """Generate a split of worlds and tasks in Harbor's task layout."""
     try:
@@ -90,7 +93,8 @@ def worlds_generate(
             bar.update(job, completed=done, total=total)
 
         try:
-            root = generate_split(split.value, tasks, seed, out, files_per_world, progress)
+            root = generate_split(split.value, tasks, seed, out, files_per_world, progress,
+                                  distractors=distractors)
         except (ValueError, OSError) as exc:
             _fail(f"could not generate the {split.value} split: {exc}")
     meta = json.loads((Path(root) / "split.json").read_text())

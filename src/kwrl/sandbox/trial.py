@@ -27,15 +27,16 @@ The before-snapshot of a world is identical for every trial of that world, so ca
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from kwrl.graders import Snapshot, grade_task, take_snapshot
+from kwrl.graders.verify import grade_to_json, write_json
 from kwrl.sandbox.workspace import Workspace
 from kwrl.types import (
     AgentOutcome,
@@ -48,12 +49,9 @@ from kwrl.types import (
 )
 from kwrl.worlds.taskdir import load_task
 
-if TYPE_CHECKING:
-    from kwrl.graders import Snapshot
-
 T = TypeVar("T")
 
-SnapshotCache = MutableMapping[Path, "Snapshot"]
+SnapshotCache = MutableMapping[Path, Snapshot]
 
 _SYSTEM_STOPS: dict[StopReason, ErrorBoundary] = {
     StopReason.ENGINE_ERROR: ErrorBoundary.ENGINE,
@@ -180,10 +178,6 @@ def _grade(
 ) -> TrialResult:
     """Grade the workspace against the world's before-snapshot; any failure is the grader's."""
     answer, stop = outcome.answer, outcome.stop_reason
-    try:
-        from kwrl.graders import grade_task
-    except ImportError as exc:
-        return _error(task, ErrorBoundary.GRADER, _describe(exc), stop, answer)
     limit = task.timeouts.verifier_sec
     call = _call_with_timeout(
         lambda: grade_task(task, outcome.answer, before, workspace.path),
@@ -201,7 +195,7 @@ def _grade(
         return _error(
             task, ErrorBoundary.GRADER, f"grader returned {type(grade).__name__}", stop, answer
         )
-    _write_reward(workspace.logs / "verifier" / "reward.json", grade)
+    write_json(workspace.logs / "verifier" / "reward.json", grade_to_json(grade))
     return TrialResult(
         task_id=task.task_id,
         status=TrialStatus.OK,
@@ -215,24 +209,12 @@ def _grade(
 
 def _before_snapshot(task: Task, cache: SnapshotCache | None) -> Snapshot:
     """The world's files before any agent touched them; taken once per world when cached."""
-    from kwrl.graders import take_snapshot
-
     if cache is not None and task.world_dir in cache:
         return cache[task.world_dir]
     snapshot = take_snapshot(task.world_dir / "files")
     if cache is not None:
         cache[task.world_dir] = snapshot
     return snapshot
-
-
-def _write_reward(path: Path, grade: Grade) -> None:
-    """Harbor's verifier output: the reward plus, for people, the per-criterion verdicts."""
-    payload = {
-        "reward": grade.score,
-        "passed": grade.passed,
-        "criteria": [asdict(c) for c in grade.criteria],
-    }
-    path.write_text(json.dumps(payload, indent=2))
 
 
 def _close(workspace: Workspace) -> str | None:
