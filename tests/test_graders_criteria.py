@@ -101,6 +101,13 @@ def test_answer_number_met_and_unmet(check: Grader) -> None:
     assert not unmet.met and "numbers found: 4.2m" in unmet.reason
 
 
+def test_answer_number_that_also_states_a_rejected_value_fails(check: Grader) -> None:
+    params = {"value": 27.8, "scale": 1e6, "reject": [30.1]}
+    assert check(CriterionKind.ANSWER_NUMBER, params, "Revenue was $27.8m.").met
+    hedged = check(CriterionKind.ANSWER_NUMBER, params, "Revenue was $27.8m, or 30.1 in the draft.")
+    assert not hedged.met and "also states 30.1, a wrong value" in hedged.reason
+
+
 def test_answer_text_is_case_accent_and_punctuation_insensitive(check: Grader) -> None:
     params = {"any_of": ["Société Générale", "SocGen"]}
     result = check(CriterionKind.ANSWER_TEXT, params, "The lender is SOCIETE GENERALE.")

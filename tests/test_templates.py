@@ -81,6 +81,15 @@ def test_oracle_scores_one_null_scores_zero_distractor_fails(worlds, domain, tmp
     _, wrong = _grade_run(task_dir, tmp_path, task_dir / "tests" / "distractor")
     assert not wrong.passed, f"distractor passed {task.template}: {task.instruction}"
 
+    if any(c.params.get("reject") for c in task.rubric):
+        hedge = tmp_path / "hedge"
+        hedge.mkdir()
+        oracle_answer = (task_dir / "solution" / "answer.md").read_text()
+        distractor = (task_dir / "tests" / "distractor" / "answer.md").read_text()
+        (hedge / "answer.md").write_text(f"{oracle_answer} Or possibly: {distractor}")
+        _, hedged = _grade_run(task_dir, tmp_path, hedge)
+        assert not hedged.passed, f"a hedged answer passed {task.template}"
+
 
 def test_every_domain_has_every_tier():
     for domain in Domain:

@@ -81,6 +81,11 @@ def check_answer_number(
     criterion: Criterion, p: AnswerNumberParams, ctx: GradingContext
 ) -> CriterionResult:
     met, reason = answer_contains_number(ctx.answer, p.value, p.rel_tol, p.abs_tol, p.unit, p.scale)
+    for wrong in p.reject:
+        stated, _ = answer_contains_number(ctx.answer, wrong, p.rel_tol, p.abs_tol, p.unit, p.scale)
+        if stated:
+            hedge = f"answer also states {wrong:g}, a wrong value; {reason}"
+            return _result(criterion, False, hedge)
     return _result(criterion, met, reason)
 
 

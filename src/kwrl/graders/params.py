@@ -51,7 +51,9 @@ class NumberSpec(_Params):
 
 
 class AnswerNumberParams(NumberSpec):
-    pass
+    reject: list[float] = []
+    """Wrong values, in the same unit and scale, that fail the answer if stated: an answer that
+    hedges by listing the right figure beside the distractor does not earn the reward."""
 
 
 class AnswerTextParams(_Params):

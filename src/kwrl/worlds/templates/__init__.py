@@ -78,17 +78,25 @@ def templates_for(domain: Domain, tier: int | None = None, distractors: bool = T
 # Criterion builders: one place that knows each kind's parameters.
 
 def number(cid: str, description: str, value: float, unit: str = "", rel_tol: float = 0.005,
-           abs_tol: float = 0.0, weight: float = 1.0, scale: float = 1.0) -> Criterion:
+           abs_tol: float = 0.0, weight: float = 1.0, scale: float = 1.0,
+           reject: tuple[float, ...] = ()) -> Criterion:
+    """`reject`: distractor values whose mention fails the criterion (no hedged answers)."""
     params: dict = {"value": value, "rel_tol": rel_tol, "abs_tol": abs_tol, "unit": unit}
     if scale != 1.0:
         params["scale"] = scale
+    # A distractor inside twice the tolerance cannot be told apart from the answer: not rejected.
+    margin = 2 * max(abs_tol, rel_tol * abs(value))
+    reject = tuple(r for r in reject if abs(r - value) > margin)
+    if reject:
+        params["reject"] = list(reject)
     return Criterion(cid, CriterionKind.ANSWER_NUMBER, description, weight, params)
 
 
 def millions(cid: str, description: str, value: float, rel_tol: float = 0.005,
-             abs_tol: float = 0.0, weight: float = 1.0) -> Criterion:
+             abs_tol: float = 0.0, weight: float = 1.0, reject: tuple[float, ...] = ()
+             ) -> Criterion:
     """A money figure in USD millions: `27.8`, `$27.8m` and `27,800,000` all state it."""
-    return number(cid, description, value, "", rel_tol, abs_tol, weight, MILLION)
+    return number(cid, description, value, "", rel_tol, abs_tol, weight, MILLION, reject)
 
 
 def names(cid: str, description: str, any_of: list[str], none_of: list[str] | None = None,

@@ -47,7 +47,8 @@ def report_segment_revenue(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"Please check {w.paths.report(period)}: what revenue did the {seg} segment of "
         f"{f.company} report for {period}? Give the figure in USD millions.",
-        (millions("c1", f"States {seg} revenue for {period}: {fmt(value)}m", value),),
+        (millions("c1", f"States {seg} revenue for {period}: {fmt(value)}m", value,
+                  reject=(wrong,)),),
         f"{seg} revenue in {period} was ${fmt(value)}m.",
         f"{seg} revenue in {period} was ${fmt(wrong)}m.",
     )
@@ -61,7 +62,8 @@ def workbook_total_ebitda(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"In {w.paths.financials}, what is {f.company}'s total EBITDA for {period} "
         f"(all segments)? Answer in USD millions.",
-        (millions("c1", f"States total EBITDA for {period}: {fmt(value)}m", value),),
+        (millions("c1", f"States total EBITDA for {period}: {fmt(value)}m", value,
+                  reject=(wrong,)),),
         f"Total EBITDA for {period} was ${fmt(value)}m.",
         f"Total EBITDA for {period} was ${fmt(wrong)}m.",
     )
@@ -78,7 +80,8 @@ def find_segment_ebitda(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"What EBITDA did {f.company}'s {seg} segment generate in {period}? I need the figure "
         f"in USD millions for a client call.",
-        (millions("c1", f"States {seg} EBITDA for {period}: {fmt(value)}m", value),),
+        (millions("c1", f"States {seg} EBITDA for {period}: {fmt(value)}m", value,
+                  reject=(wrong,)),),
         f"{seg} EBITDA in {period}: ${fmt(value)}m.",
         f"{seg} EBITDA in {period}: ${fmt(wrong)}m.",
     )
@@ -93,7 +96,7 @@ def find_final_revenue(w: World, rng: random.Random) -> Draft | None:
         f"What was the final reported revenue of the {seg} segment of {f.company} for "
         f"{period}? Make sure you use final figures, in USD millions.",
         (millions("c1", f"States the final {seg} revenue for {period}: {fmt(value)}m "
-                      f"(not the draft's {fmt(wrong)}m)", value),),
+                      f"(not the draft's {fmt(wrong)}m)", value, reject=(wrong,)),),
         f"Final {seg} revenue for {period} was ${fmt(value)}m.",
         f"{seg} revenue for {period} was ${fmt(wrong)}m.",
     )
@@ -129,7 +132,8 @@ def segment_growth(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"By how much did revenue of {f.company}'s {seg} segment change from {p0} to {p1}, in "
         f"percent? Use the quarterly reports and round to one decimal.",
-        (number("c1", f"States the change: {growth:+.1f}%", growth, unit="%", abs_tol=0.15),
+        (number("c1", f"States the change: {growth:+.1f}%", growth, unit="%", abs_tol=0.15,
+                reject=(wrong,)),
          millions("c2", f"States {p1} revenue: {fmt(b)}m", b, weight=0.5),
          millions("c3", f"States {p0} revenue: {fmt(a)}m", a, weight=0.5)),
         f"{seg} revenue went from ${fmt(a)}m in {p0} to ${fmt(b)}m in {p1}, a change of "
@@ -149,7 +153,8 @@ def fiscal_year_revenue(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"What was the full-year {year} revenue of {f.company}'s {seg} segment (sum of the four "
         f"quarters), in USD millions?",
-        (millions("c1", f"States FY{year} {seg} revenue: {fmt(value)}m", value),),
+        (millions("c1", f"States FY{year} {seg} revenue: {fmt(value)}m", value,
+                  reject=(wrong,)),),
         f"{seg} revenue for FY{year} was ${fmt(value)}m.",
         f"{seg} revenue for FY{year} was ${fmt(wrong)}m.",
     )
@@ -167,7 +172,8 @@ def segment_margin(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"What was the EBITDA margin of {f.company}'s {seg} segment in {period}? Give it in "
         f"percent to one decimal.",
-        (number("c1", f"States the margin: {margin:.1f}%", margin, unit="%", abs_tol=0.15),),
+        (number("c1", f"States the margin: {margin:.1f}%", margin, unit="%", abs_tol=0.15,
+                reject=(wrong,)),),
         f"{seg} EBITDA margin in {period}: {margin:.1f}% (EBITDA ${fmt(f.ebitda[seg][period])}m "
         f"on revenue ${fmt(f.revenue[seg][period])}m).",
         f"{seg} EBITDA margin in {period}: {wrong:.1f}%.",

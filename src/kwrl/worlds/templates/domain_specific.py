@@ -40,7 +40,8 @@ def savings_target(w: World, rng: random.Random) -> Draft | None:
     wrong = round(f.cost_base * 0.42 * f.savings_target_pct / 100, 1)
     return Draft(
         f"Using {w.paths.cost_review}, what is {f.company}'s savings target in USD millions?",
-        (millions("c1", f"States the target: {fmt(value)}m", value, rel_tol=0.01),),
+        (millions("c1", f"States the target: {fmt(value)}m", value, rel_tol=0.01,
+                  reject=(wrong,)),),
         f"The target is {f.savings_target_pct:g}% of ${fmt(f.cost_base)}m, i.e. ${fmt(value)}m.",
         f"The target is ${fmt(wrong)}m.",
     )
@@ -55,7 +56,8 @@ def peer_multiple(w: World, rng: random.Random) -> Draft | None:
         return None
     return Draft(
         f"In {w.paths.comps}, at what EV/EBITDA multiple does {peer.name} trade?",
-        (number("c1", f"States {peer.multiple:.1f}x", peer.multiple, unit="x", abs_tol=0.05),),
+        (number("c1", f"States {peer.multiple:.1f}x", peer.multiple, unit="x", abs_tol=0.05,
+                reject=(other.multiple,)),),
         f"{peer.name} trades at {peer.multiple:.1f}x EV/EBITDA.",
         f"{peer.name} trades at {other.multiple:.1f}x EV/EBITDA.",
     )
@@ -102,7 +104,8 @@ def contract_notice(w: World, rng: random.Random) -> Draft | None:
     return Draft(
         f"Under clause {CLAUSES['notice']} of {w.paths.contract(c.key)}, how many days' notice "
         f"is required to terminate for convenience?",
-        (number("c1", f"States {c.notice_days} days", c.notice_days, abs_tol=0.0),),
+        (number("c1", f"States {c.notice_days} days", c.notice_days,
+                reject=(other.notice_days,)),),
         f"{c.notice_days} days' written notice.",
         f"{other.notice_days} days' written notice.",
     )
@@ -117,7 +120,8 @@ def liability_cap(w: World, rng: random.Random) -> Draft | None:
         return None
     return Draft(
         f"What is the liability cap in {f.company}'s {c.kind.lower()} with {c.counterparty}?",
-        (millions("c1", f"States the cap {fmt(c.liability_cap)}m", c.liability_cap),),
+        (millions("c1", f"States the cap {fmt(c.liability_cap)}m", c.liability_cap,
+                  reject=(other.liability_cap,)),),
         f"Aggregate liability is capped at ${fmt(c.liability_cap)}m (clause "
         f"{CLAUSES['liability']}).",
         f"Aggregate liability is capped at ${fmt(other.liability_cap)}m.",
