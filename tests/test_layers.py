@@ -18,6 +18,7 @@ LAYERS = (
     "graders",
     "sandbox",
     "tools",
+    "models",
     "render",
     "engines",
     "harness",
