@@ -45,6 +45,7 @@ def task_spec(world: World, tmpl: Template, draft: Draft, k: int) -> TaskSpec:
         oracle_files={rel: render_bytes(rel, m) for rel, m in draft.files.items()},
         distractor_answer=draft.distractor_answer,
         distractor_files={rel: render_bytes(rel, m) for rel, m in draft.distractor_files.items()},
+        oracle_plan=draft.plan,
     )
 
 

@@ -14,6 +14,7 @@ A split directory holds each world's files once and every task refers to them:
     SPLIT/tasks/<task_id>/solution/answer.md       the oracle's final answer
     SPLIT/tasks/<task_id>/solution/files/...       full contents of every file the oracle writes
     SPLIT/tasks/<task_id>/solution/solve.sh        applies the oracle to a workspace
+    SPLIT/tasks/<task_id>/solution/plan.json       the oracle as MCP tool calls, and its answer
 
 Loading validates everything and raises TaskFormatError naming the file and the field, so that a
 runner can record the task as `error` and go on.
@@ -46,6 +47,15 @@ class TaskFormatError(ValueError):
 
 
 @dataclass(frozen=True)
+class PlannedCall:
+    """One tool call of an oracle's plan, by its name on the combined MCP endpoint."""
+
+    tool: str
+    """e.g. `sheets_search`: app, underscore, tool."""
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """A generated task before it is written to disk."""
 
@@ -65,6 +75,8 @@ class TaskSpec:
     """A plausible wrong answer (the distractor quarter, the superseded draft), for validation."""
     distractor_files: Mapping[str, bytes] = field(default_factory=dict)
     """Plausible wrong deliverables, like `oracle_files`."""
+    oracle_plan: tuple[PlannedCall, ...] = ()
+    """The tool calls an agent would make to find the answer and make the edits."""
 
 
 def criterion_to_dict(criterion: Criterion) -> dict[str, Any]:
@@ -164,6 +176,10 @@ def write_task(spec: TaskSpec, tasks_root: Path, world_dir: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     _write_script(task_dir / "solution" / "solve.sh", _solve_script())
+    if spec.oracle_plan:
+        plan = {"calls": [{"tool": c.tool, "arguments": dict(c.arguments)}
+                          for c in spec.oracle_plan], "answer": spec.oracle_answer}
+        (task_dir / "solution" / "plan.json").write_text(json.dumps(plan, indent=1))
     _write_distractor(spec, task_dir / "tests" / "distractor")
     return task_dir
 
@@ -283,6 +299,23 @@ def load_task(task_dir: Path) -> Task:
         task_dir=task_dir.resolve(),
         timeouts=_timeouts(meta, toml_path),
     )
+
+
+def load_plan(task_dir: Path) -> tuple[tuple[PlannedCall, ...], str]:
+    """The oracle's tool-call plan and final answer (`solution/plan.json`)."""
+    path = Path(task_dir) / "solution" / "plan.json"
+    if not path.is_file():
+        raise TaskFormatError(path, "file is missing (this task has no tool-call plan)")
+    try:
+        raw = json.loads(path.read_text())
+        calls = tuple(PlannedCall(c["tool"], c["arguments"]) for c in raw["calls"])
+        answer = raw["answer"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise TaskFormatError(path, f"not a plan ({{calls: [{{tool, arguments}}], answer}}): "
+                                    f"{exc}") from None
+    if not isinstance(answer, str):
+        raise TaskFormatError(path, "'answer' must be a string")
+    return calls, answer
 
 
 def task_dirs(root: Path) -> list[Path]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from kwrl.types import Criterion, CriterionKind, Domain
 from kwrl.worlds.compose import Paths
 from kwrl.worlds.facts import WorldFacts
+from kwrl.worlds.taskdir import PlannedCall
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Draft:
     files: Mapping[str, object] = field(default_factory=dict)
     """Path -> document model of every file the oracle writes."""
     distractor_files: Mapping[str, object] = field(default_factory=dict)
+    plan: tuple[PlannedCall, ...] = ()
+    """The MCP tool calls that find the answer and make the edits (see `call`)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,11 @@ def unchanged(cid: str, allowed: list[str]) -> Criterion:
     return Criterion(cid, CriterionKind.FILES_UNCHANGED,
                      "No other file in the workspace was created, modified or deleted.",
                      0.5, {"allowed": allowed})
+
+
+def call(tool: str, **arguments: object) -> PlannedCall:
+    """A planned call on the combined endpoint, e.g. `call("pdf_search", path=..., query=...)`."""
+    return PlannedCall(tool, arguments)
 
 
 def date_forms(day: dt.date) -> list[str]:
