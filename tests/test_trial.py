@@ -80,7 +80,7 @@ class SpyAgent:
         self.workspace: Path | None = None
         self.files_after: dict[str, bytes] = {}
 
-    def run(self, task: Task, workspace: Path) -> AgentOutcome:
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
         self.workspace = workspace
         outcome = self.inner.run(task, workspace)
         self.files_after = {
@@ -97,7 +97,7 @@ class RaisingAgent:
     def __init__(self) -> None:
         self.workspace: Path | None = None
 
-    def run(self, task: Task, workspace: Path) -> AgentOutcome:
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
         self.workspace = workspace
         raise RuntimeError("the agent fell over")
 
@@ -107,7 +107,7 @@ class VandalAgent:
 
     name = "vandal"
 
-    def run(self, task: Task, workspace: Path) -> AgentOutcome:
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
         with (workspace / "reports" / "annual.md").open("r+b") as handle:  # same inode
             handle.write(b"XXXX")
         (workspace / "notes.txt").unlink()
@@ -122,7 +122,7 @@ class HangingAgent:
     def __init__(self) -> None:
         self.release = threading.Event()
 
-    def run(self, task: Task, workspace: Path) -> AgentOutcome:
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
         self.release.wait(timeout=30)
         return AgentOutcome(answer="too late", stop_reason=StopReason.ANSWERED)
 
@@ -130,7 +130,7 @@ class HangingAgent:
 class EngineFailingAgent:
     name = "engine-failing"
 
-    def run(self, task: Task, workspace: Path) -> AgentOutcome:
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
         return AgentOutcome(answer="", stop_reason=StopReason.ENGINE_ERROR)
 
 
@@ -291,3 +291,60 @@ def test_the_before_snapshot_is_taken_once_per_world(
         assert trial.status is TrialStatus.OK, trial.error
     assert calls == [world.resolve() / "files"]
     assert list(cache) == [world.resolve()]
+
+
+class SleeperServices:
+    """Real services: one `sleep` process per trial in its own process group."""
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.fail_start = fail_start
+        self.processes: list = []
+
+    def start(self, task: Task, workspace: Path):
+        import subprocess
+
+        if self.fail_start:
+            raise OSError("no tool server binary")
+        process = subprocess.Popen(["sleep", "60"], cwd=workspace, start_new_session=True)
+        self.processes.append(process)
+        return process
+
+    def stop(self, handle) -> None:
+        handle.kill()
+        handle.wait(timeout=5)
+
+
+class HandleRecordingAgent:
+    name = "recording"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.tools: object = None
+
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
+        self.tools = tools
+        assert tools.poll() is None  # the services run while the agent works
+        if self.fail:
+            raise RuntimeError("agent crashed mid-trial")
+        return AgentOutcome(answer="EMEA revenue was $4.5m.", stop_reason=StopReason.ANSWERED)
+
+
+@pytest.mark.parametrize("agent_fails", [False, True])
+def test_services_start_for_the_agent_and_always_stop(tmp_path: Path, agent_fails: bool) -> None:
+    services = SleeperServices()
+    agent = HandleRecordingAgent(fail=agent_fails)
+    trial = run_trial(make_task(tmp_path, make_world(tmp_path)), agent, services=services)
+    assert agent.tools is services.processes[0]
+    assert services.processes[0].poll() is not None  # stopped and reaped
+    assert trial.status is (TrialStatus.ERROR if agent_fails else TrialStatus.OK)
+
+
+def test_services_that_fail_to_start_make_a_tool_error_and_the_agent_never_runs(
+    tmp_path: Path,
+) -> None:
+    agent = HandleRecordingAgent()
+    trial = run_trial(make_task(tmp_path, make_world(tmp_path)), agent,
+                      services=SleeperServices(fail_start=True))
+    assert trial.status is TrialStatus.ERROR and trial.error_boundary is ErrorBoundary.TOOL
+    assert "no tool server binary" in (trial.error or "")
+    assert agent.tools is None

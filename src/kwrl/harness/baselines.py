@@ -25,7 +25,7 @@ class OracleAgent:
 
     name = "oracle"
 
-    def run(self, task: Task, workspace: Path) -> AgentOutcome:
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
         solution = task.task_dir / "solution"
         answer_path = solution / "answer.md"
         if not answer_path.is_file():
@@ -41,5 +41,5 @@ class NullAgent:
 
     name = "null"
 
-    def run(self, task: Task, workspace: Path) -> AgentOutcome:
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
         return AgentOutcome(answer="", stop_reason=StopReason.ANSWERED)

@@ -69,8 +69,29 @@ class Agent(Protocol):
 
     name: str
 
-    def run(self, task: Task, workspace: Path) -> AgentOutcome:
-        """Work in `workspace` (a private copy of the world's files) and answer `task`."""
+    def run(self, task: Task, workspace: Path, tools: Any = None) -> AgentOutcome:
+        """Work in `workspace` (a private copy of the world's files) and answer `task`.
+
+        `tools` is whatever the trial's services started (e.g. a client of this trial's MCP
+        servers), or None when the trial runs without services.
+        """
+        ...
+
+
+class TrialServices(Protocol):
+    """Processes a trial runs beside its agent, such as its tool servers.
+
+    The sandbox does not know what they are (tools sit above it in the layers): it starts them
+    after the workspace exists, hands their handle to the agent, and stops them before the
+    workspace is removed, whatever happened in between.
+    """
+
+    def start(self, task: Task, workspace: Path) -> Any:
+        """Start this trial's services on `workspace`; return the handle the agent receives."""
+        ...
+
+    def stop(self, handle: Any) -> None:
+        """Stop them and reap every process they started."""
         ...
 
 
@@ -80,11 +101,13 @@ def run_trial(
     before_cache: SnapshotCache | None = None,
     *,
     logs_dir: Path | None = None,
+    services: TrialServices | None = None,
 ) -> TrialResult:
     """Attempt one task once with `agent`; never raises for a failure of the trial itself.
 
     `before_cache` maps a world dir to its before-snapshot (filled on first use). `logs_dir`, if
     given, keeps `agent/answer.md` and `verifier/reward.json` after the workspace is removed.
+    `services` (tool servers) are started on the workspace and always stopped at teardown.
     """
     try:
         task = task_or_dir if isinstance(task_or_dir, Task) else load_task(Path(task_or_dir))
@@ -99,13 +122,14 @@ def run_trial(
         )
     timings: dict[str, float] = {}
     workspace = Workspace(task.world_dir, logs_dir=logs_dir)
+    running = _Running(services)
     try:
-        result = _run_stages(task, agent, workspace, before_cache, timings)
+        result = _run_stages(task, agent, workspace, before_cache, timings, running)
     except Exception as exc:  # a bug in this module must still not stop the run
         result = _error(task, ErrorBoundary.HARNESS, f"trial runner: {_describe(exc)}")
     finally:
         with _stage(timings, "teardown"):
-            teardown_error = _close(workspace)
+            teardown_error = running.stop(task.timeouts.teardown_sec) or _close(workspace)
     if teardown_error is not None and result.status is TrialStatus.OK:
         # A workspace left behind breaks isolation for the run: mask rather than trust it.
         result = _error(
@@ -120,6 +144,7 @@ def _run_stages(
     workspace: Workspace,
     before_cache: SnapshotCache | None,
     timings: dict[str, float],
+    running: _Running,
 ) -> TrialResult:
     """Setup, agent and grade; returns at the first failing stage."""
     with _stage(timings, "setup"):
@@ -131,8 +156,14 @@ def _run_stages(
             before = _before_snapshot(task, before_cache)
         except Exception as exc:
             return _error(task, ErrorBoundary.GRADER, f"before-snapshot: {_describe(exc)}")
+        failure = running.start(task, workspace.path)
+        if failure is not None:
+            return _error(task, ErrorBoundary.TOOL, f"starting services: {failure}")
     with _stage(timings, "agent"):
-        outcome_or_error = _run_agent(task, agent, workspace)
+        outcome_or_error = _run_agent(task, agent, workspace, running.handle)
+    # The agent is done (or given up on): stop its services before grading, so a hung agent's
+    # tool processes cannot touch the workspace while it is graded.
+    stop_failure = running.stop(task.timeouts.teardown_sec)
     if isinstance(outcome_or_error, TrialResult):
         return outcome_or_error
     outcome = outcome_or_error
@@ -146,6 +177,9 @@ def _run_stages(
             outcome.stop_reason,
             outcome.answer,
         )
+    if stop_failure is not None:
+        return _error(task, ErrorBoundary.TOOL, f"stopping services: {stop_failure}",
+                      outcome.stop_reason, outcome.answer)
     boundary = _SYSTEM_STOPS.get(outcome.stop_reason)
     if boundary is not None:
         message = f"agent {agent.name} stopped with {outcome.stop_reason.value}"
@@ -154,11 +188,13 @@ def _run_stages(
         return _grade(task, outcome, before, workspace)
 
 
-def _run_agent(task: Task, agent: Agent, workspace: Workspace) -> AgentOutcome | TrialResult:
+def _run_agent(
+    task: Task, agent: Agent, workspace: Workspace, tools: Any
+) -> AgentOutcome | TrialResult:
     """Run the agent in a worker thread, bounded by the task's agent timeout."""
     limit = task.timeouts.agent_sec
     call = _call_with_timeout(
-        lambda: agent.run(task, workspace.path), limit, f"agent-{task.task_id}"
+        lambda: agent.run(task, workspace.path, tools), limit, f"agent-{task.task_id}"
     )
     if call.timed_out:
         message = f"agent {agent.name} did not finish within {limit:g} s"
@@ -215,6 +251,38 @@ def _before_snapshot(task: Task, cache: SnapshotCache | None) -> Snapshot:
     if cache is not None:
         cache[task.world_dir] = snapshot
     return snapshot
+
+
+class _Running:
+    """The services of one trial: started at most once, stopped at most once, within timeouts."""
+
+    def __init__(self, services: TrialServices | None) -> None:
+        self.services = services
+        self.handle: Any = None
+        self.started = False
+
+    def start(self, task: Task, workspace: Path) -> str | None:
+        if self.services is None:
+            return None
+        services = self.services
+        call = _call_with_timeout(lambda: services.start(task, workspace),
+                                  task.timeouts.setup_sec, f"services-{task.task_id}")
+        if call.timed_out:
+            return f"did not start within {task.timeouts.setup_sec:g} s"
+        if call.error is not None:
+            return _describe(call.error)
+        self.handle, self.started = call.value, True
+        return None
+
+    def stop(self, timeout_sec: float) -> str | None:
+        if self.services is None or not self.started:
+            return None
+        services, handle = self.services, self.handle
+        self.started = False
+        call = _call_with_timeout(lambda: services.stop(handle), timeout_sec, "services-stop")
+        if call.timed_out:
+            return f"did not stop within {timeout_sec:g} s"
+        return None if call.error is None else _describe(call.error)
 
 
 def _close(workspace: Workspace) -> str | None:
