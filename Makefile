@@ -30,6 +30,7 @@ lint: venv
 bench: venv
 	$(BIN)/python benchmarks/bench_generate.py
 	$(BIN)/python benchmarks/bench_grade.py
+	$(BIN)/python benchmarks/bench_tools.py
 
 clean:
 	rm -rf $(VENV) runs

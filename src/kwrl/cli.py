@@ -27,6 +27,8 @@ app = typer.Typer(
 )
 worlds_app = typer.Typer(help="Generate worlds and tasks; check splits.", no_args_is_help=True)
 app.add_typer(worlds_app, name="worlds")
+mcp_app = typer.Typer(help="Serve kwrl's apps as MCP tool servers.", no_args_is_help=True)
+app.add_typer(mcp_app, name="mcp")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -178,3 +180,35 @@ def eval_command(
         markup=False,
         soft_wrap=True,
     )
+
+
+@mcp_app.command("serve")
+def mcp_serve(
+    app_names: Annotated[
+        list[str],
+        typer.Option(
+            "--app",
+            metavar="APP",
+            help="An app (filesystem, pdf, ...), 'all' for the combined endpoint, or module:Class. "
+            "Repeat to combine; several apps get '{app}_{tool}' names.",
+        ),
+    ],
+    root: Annotated[Path, typer.Option(help="The workspace the tools act on.")],
+    tool_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds per tool call.")] = 60.0,
+    output_limit: Annotated[
+        int, typer.Option(min=1, help="Characters of a tool result before it is cut.")
+    ] = 12_000,
+) -> None:
+    """Serve MCP over stdio (for Claude Desktop, the MCP Inspector or any MCP client)."""
+    from kwrl.tools.server import ToolDefinitionError, build_server, load_apps
+
+    _existing_dir(root, "workspace root")
+    try:
+        apps = load_apps(app_names)
+        server = build_server(root, apps, tool_timeout_s=tool_timeout, output_limit=output_limit)
+    except (LookupError, ToolDefinitionError) as exc:
+        _fail(str(exc))
+    try:
+        server.run("stdio")
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None

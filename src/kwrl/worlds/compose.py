@@ -111,7 +111,7 @@ def financials_workbook(f: WorldFacts) -> dm.Workbook:
         for j, p in enumerate(PERIODS):
             col = chr(ord("B") + j)
             cached = round(f.ebitda[seg][p] / f.revenue[seg][p], 4)
-            cells.append(dm.Formula(f"=EBITDA!{col}{i}/Revenue!{col}{i}", cached))
+            cells.append(dm.Formula(f"=ROUND(EBITDA!{col}{i}/Revenue!{col}{i},4)", cached))
         margin_rows.append(tuple(cells))
     notes = dm.Sheet("Notes", (
         ("Source", f"{f.company} management accounts"),

@@ -76,6 +76,15 @@ def _fill_sheet(worksheet: Worksheet, sheet: Sheet) -> dict[str, CellValue]:
     return cached
 
 
+def cached_values_patch(cached: CachedValues) -> PartPatch:
+    """A `normalize_package` patch that writes `cached` into one worksheet part's formula cells.
+
+    For code that saves a workbook with openpyxl and must put the cached values back (the
+    sheets app after an edit); a formula whose value is None is left without one.
+    """
+    return partial(_add_cached_values, cached=cached)
+
+
 def _fit_column_widths(worksheet: Worksheet, sheet: Sheet) -> None:
     widths: dict[int, int] = {}
     for row in sheet.rows:
