@@ -19,6 +19,7 @@ demo: venv
 	$(BIN)/kwrl worlds generate --split test --tasks 48 --seed 1 --out $(DEMO)/test
 	$(BIN)/kwrl eval --agent oracle --tasks $(DEMO)/test --out $(DEMO)/eval-oracle
 	$(BIN)/kwrl eval --agent null --tasks $(DEMO)/test --out $(DEMO)/eval-null
+	$(BIN)/kwrl eval --agent plan --tasks $(DEMO)/test --out $(DEMO)/eval-plan
 
 test: venv
 	$(BIN)/ruff check src tests benchmarks

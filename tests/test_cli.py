@@ -109,3 +109,23 @@ def test_worlds_generate_rejects_an_unknown_split(tmp_path: Path) -> None:
     args = ["worlds", "generate", "--split", "dev", "--tasks", "3", "--out", str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_model_init_builds_a_loadable_model(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["model", "init", "--out", str(tmp_path / "tiny")])
+    assert result.exit_code == 0, result.output
+    assert "parameters, vocabulary 1,024" in result.output
+    assert (tmp_path / "tiny" / "model.safetensors").is_file()
+    again = runner.invoke(app, ["model", "init", "--out", str(tmp_path / "tiny")])
+    assert again.exit_code == 2 and "not empty" in again.output
+
+
+def test_eval_plan_runs_every_task_through_its_own_mcp_servers(tmp_path: Path) -> None:
+    split = tmp_path / "split"
+    args = ["worlds", "generate", "--split", "test", "--tasks", "4", "--seed", "2", "--out"]
+    assert runner.invoke(app, [*args, str(split), "--files-per-world", "30"]).exit_code == 0
+    result = runner.invoke(app, ["eval", "--agent", "plan", "--tasks", str(split), "--out",
+                                 str(tmp_path / "run"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["n_tasks"] == 4 and summary["n_errors"] == 0 and summary["mean_score"] == 1.0

@@ -8,45 +8,16 @@ Grading goes through the task directory on disk, exactly as a trial does.
 
 from __future__ import annotations
 
-import random
 import shutil
 from pathlib import Path
 
 import pytest
+from conftest import TEMPLATE_CASES, TEMPLATE_IDS, template_task_dir
 
 from kwrl.graders import grade, take_snapshot
 from kwrl.types import CriterionKind, Domain
-from kwrl.worlds.compose import Paths, compose_world
-from kwrl.worlds.facts import make_world
-from kwrl.worlds.render import render_files
-from kwrl.worlds.split import task_spec
-from kwrl.worlds.taskdir import load_task, write_task
-from kwrl.worlds.templates import TEMPLATES, World
-
-CASES = [(d, t) for t in TEMPLATES for d in t.domains]
-
-
-@pytest.fixture(scope="module")
-def worlds(tmp_path_factory) -> dict[Domain, tuple[World, Path]]:
-    root = tmp_path_factory.mktemp("worlds")
-    out = {}
-    for i, domain in enumerate(Domain):
-        facts = make_world("unit", 7, i, domain)
-        files = compose_world(facts, n_files=30)
-        world_dir = root / facts.world_id
-        render_files(files, world_dir / "files")
-        out[domain] = (World(facts, Paths(facts), files), world_dir)
-    return out
-
-
-def _task_dir(worlds, domain, tmpl, tmp_path) -> Path:
-    world, world_dir = worlds[domain]
-    rng = random.Random(11)
-    for _ in range(50):
-        draft = tmpl.build(world, rng)
-        if draft is not None:
-            return write_task(task_spec(world, tmpl, draft, 0), tmp_path / "tasks", world_dir)
-    raise AssertionError(f"{tmpl.name} drew no task in 50 attempts")
+from kwrl.worlds.taskdir import load_task
+from kwrl.worlds.templates import TEMPLATES
 
 
 def _grade_run(task_dir: Path, tmp_path: Path, answer_from: Path | None):
@@ -65,9 +36,11 @@ def _grade_run(task_dir: Path, tmp_path: Path, answer_from: Path | None):
     return task, grade(task.rubric, answer, before, take_snapshot(workspace))
 
 
-@pytest.mark.parametrize(("domain", "tmpl"), CASES, ids=[f"{d}.{t.name}" for d, t in CASES])
-def test_oracle_scores_one_null_scores_zero_distractor_fails(worlds, domain, tmpl, tmp_path):
-    task_dir = _task_dir(worlds, domain, tmpl, tmp_path)
+@pytest.mark.parametrize(("domain", "tmpl"), TEMPLATE_CASES, ids=TEMPLATE_IDS)
+def test_oracle_scores_one_null_scores_zero_distractor_fails(
+    template_worlds, domain, tmpl, tmp_path
+):
+    task_dir = template_task_dir(template_worlds, domain, tmpl, tmp_path)
 
     task, oracle = _grade_run(task_dir, tmp_path, task_dir / "solution")
     assert oracle.score == 1.0 and oracle.passed, [c.reason for c in oracle.criteria if not c.met]

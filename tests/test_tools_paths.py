@@ -59,8 +59,10 @@ def test_missing_files_and_wrong_kinds_are_errors_that_say_what_to_do(root: Path
         resolve(root, "Reports/q4.md")
     with pytest.raises(ToolError, match="is a folder, not a file"):
         resolve(root, "Reports", kind="file")
-    with pytest.raises(ToolError, match="the folder of 'Nope/x.md' does not exist"):
-        resolve(root, "Nope/x.md", must_exist=False)
+    # A write may name a folder that does not exist yet: the caller creates it, inside the root.
+    assert resolve(root, "Nope/x.md", must_exist=False) == root.resolve() / "Nope" / "x.md"
+    with pytest.raises(ToolError, match="outside the workspace"):
+        resolve(root, "Nope/../../x.md", must_exist=False)
     with pytest.raises(ToolError, match="NUL"):
         resolve(root, "a\x00b")
 

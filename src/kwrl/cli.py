@@ -29,6 +29,8 @@ worlds_app = typer.Typer(help="Generate worlds and tasks; check splits.", no_arg
 app.add_typer(worlds_app, name="worlds")
 mcp_app = typer.Typer(help="Serve kwrl's apps as MCP tool servers.", no_args_is_help=True)
 app.add_typer(mcp_app, name="mcp")
+model_app = typer.Typer(help="Build and manage policy models.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -45,6 +47,7 @@ class SplitName(StrEnum):
 class AgentName(StrEnum):
     ORACLE = "oracle"
     NULL = "null"
+    PLAN = "plan"
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -158,19 +161,35 @@ def eval_command(
     out: Annotated[Path, typer.Option(help="Run directory for trials.jsonl and summary.json.")],
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Run an agent once on every task and report mean score and pass@1."""
-    from kwrl.eval.runner import SUMMARY_FILE, TRIALS_FILE, evaluate
-    from kwrl.eval.summary import summary_table
-    from kwrl.harness.baselines import NullAgent, OracleAgent
+    """Run an agent once on every task and report mean score and pass@1.
+
+    `plan` follows each task's oracle tool-call plan through the trial's own MCP servers.
+    """
+    from kwrl.harness.baselines import NullAgent, OracleAgent, PlanAgent
     from kwrl.worlds.taskdir import task_dirs
 
     if not task_dirs(_existing_dir(tasks, "tasks directory")):
         _fail(f"no task directories found under {tasks}")
     if out.exists() and not out.is_dir():
         _fail(f"--out is not a directory: {out}")
-    runner = OracleAgent() if agent is AgentName.ORACLE else NullAgent()
+    if agent is AgentName.PLAN:
+        from kwrl.tools.host import ToolHost
+        from kwrl.tools.services import McpServices
+
+        with ToolHost() as host:
+            _run_eval(tasks, out, PlanAgent(), progress, McpServices(host))
+    else:
+        _run_eval(tasks, out, OracleAgent() if agent is AgentName.ORACLE else NullAgent(),
+                  progress, None)
+
+
+def _run_eval(tasks: Path, out: Path, agent, progress: bool, services) -> None:
+    from kwrl.eval.runner import SUMMARY_FILE, TRIALS_FILE, evaluate
+    from kwrl.eval.summary import summary_table
+
     try:
-        summary = evaluate(tasks, runner, out, progress=progress, console=console)
+        summary = evaluate(tasks, agent, out, progress=progress, console=console,
+                           services=services)
     except OSError as exc:
         _fail(f"could not write the run to {out}: {exc}")
     console.print(summary_table(summary))
@@ -212,3 +231,31 @@ def mcp_serve(
         server.run("stdio")
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+@model_app.command("init")
+def model_init(
+    out: Annotated[Path, typer.Option(help="Directory for the tokenizer and model (new).")],
+    vocab_size: Annotated[int, typer.Option(min=300, help="BPE vocabulary size.")] = 1024,
+    seed: Annotated[int, typer.Option(help="Seed for the corpus and the weights.")] = 0,
+) -> None:
+    """Build the tiny model from nothing: a byte-level BPE tokenizer trained on generated world
+    text, a Qwen3-compatible chat template and a small Qwen3 model, saved like any HF model."""
+    import time
+
+    from transformers.utils import logging as hf_logging
+
+    from kwrl.models import init_model, load_model, parameter_count
+
+    hf_logging.disable_progress_bar()
+    start = time.perf_counter()
+    try:
+        init_model(out, vocab_size=vocab_size, seed=seed)
+    except (FileExistsError, ValueError) as exc:
+        _fail(str(exc))
+    model, tokenizer = load_model(out)
+    console.print(
+        f"wrote {escape(str(out))}: {parameter_count(model):,} parameters, vocabulary "
+        f"{len(tokenizer):,}, in {time.perf_counter() - start:.1f} s",
+        soft_wrap=True,
+    )

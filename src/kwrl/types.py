@@ -247,6 +247,8 @@ class TrialResult:
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds per stage: setup, agent, grade, teardown."""
     trajectory: Trajectory | None = None
+    messages: tuple[Message, ...] = ()
+    """The conversation, when the agent reported one (a trace for people; demonstrations)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kwrl.eval.summary import Summary, summarize
-from kwrl.sandbox.trial import Agent, SnapshotCache, run_trial
+from kwrl.sandbox.trial import Agent, SnapshotCache, TrialServices, run_trial
 from kwrl.types import TrialResult, TrialStatus
 from kwrl.worlds.taskdir import task_dirs
 
@@ -35,8 +35,12 @@ def evaluate(
     out: Path,
     progress: bool = True,
     console: Console | None = None,
+    services: TrialServices | None = None,
 ) -> Summary:
-    """Run `agent` once on every task under `tasks_root`; write trials and summary to `out`."""
+    """Run `agent` once on every task under `tasks_root`; write trials and summary to `out`.
+
+    `services` (e.g. MCP tool servers) are started and stopped around each trial's agent.
+    """
     tasks_root, out = Path(tasks_root), Path(out)
     if not tasks_root.is_dir():
         raise FileNotFoundError(f"tasks directory not found: {tasks_root}")
@@ -47,7 +51,7 @@ def evaluate(
     start = time.perf_counter()
     with (out / TRIALS_FILE).open("w") as sink, _progress(progress, len(dirs), console) as advance:
         for task_dir in dirs:
-            trial = run_trial(task_dir, agent, before_cache)
+            trial = run_trial(task_dir, agent, before_cache, services=services)
             sink.write(json.dumps(trial_to_json(trial)) + "\n")
             sink.flush()
             trials.append(trial)

@@ -239,6 +239,7 @@ def _grade(
         stop_reason=stop,
         answer=answer,
         trajectory=outcome.trajectory,
+        messages=outcome.messages,
         **_task_fields(task),
     )
 

@@ -16,7 +16,8 @@ from kwrl.tools.errors import ToolError
 def resolve(root: Path, rel: str, *, must_exist: bool = True, kind: str = "any") -> Path:
     """The real path of workspace-relative `rel` under `root`.
 
-    `kind` is `file`, `dir` or `any`; with `must_exist=False` the parent must exist (for writes).
+    `kind` is `file`, `dir` or `any`; `must_exist=False` is for writes (the caller creates
+    missing folders: they are inside the root, since the check is on the resolved path).
     """
     root = Path(root).resolve()
     text = (rel or ".").strip()
@@ -30,8 +31,6 @@ def resolve(root: Path, rel: str, *, must_exist: bool = True, kind: str = "any")
         raise ToolError(f"'{rel}' is outside the workspace; use a path inside it")
     if must_exist and not target.exists():
         raise ToolError(f"'{rel}' does not exist; list the folder to see what is there")
-    if not must_exist and not target.parent.is_dir():
-        raise ToolError(f"the folder of '{rel}' does not exist")
     if target.exists() and kind == "file" and not target.is_file():
         raise ToolError(f"'{rel}' is a folder, not a file")
     if target.exists() and kind == "dir" and not target.is_dir():

@@ -73,12 +73,15 @@ class App:
         return path
 
     def _new_file(self, rel: str, suffixes: Sequence[str]) -> Path:
-        """A path for a file that does not exist yet, in an existing folder."""
+        """A path for a file that does not exist yet; missing folders are created."""
         path = resolve(self.root, rel, must_exist=False)
         if path.suffix.lower() not in suffixes:
             raise ToolError(f"{rel}: the name must end in {' or '.join(suffixes)}")
         if path.exists():
             raise ToolError(f"{rel} already exists; choose another name or edit the file")
+        if path.parent.exists() and not path.parent.is_dir():
+            raise ToolError(f"the folder of {rel} is a file")
+        path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
     def _rel(self, path: Path) -> str:

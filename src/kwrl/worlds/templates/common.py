@@ -9,6 +9,7 @@ from kwrl.worlds.facts import PERIODS, quarter_end
 from kwrl.worlds.templates import (
     Draft,
     World,
+    call,
     cell,
     content,
     created,
@@ -51,6 +52,7 @@ def report_segment_revenue(w: World, rng: random.Random) -> Draft | None:
                   reject=(wrong,)),),
         f"{seg} revenue in {period} was ${fmt(value)}m.",
         f"{seg} revenue in {period} was ${fmt(wrong)}m.",
+        plan=(call("pdf_search", path=w.paths.report(period), query=seg),),
     )
 
 
@@ -66,6 +68,7 @@ def workbook_total_ebitda(w: World, rng: random.Random) -> Draft | None:
                   reject=(wrong,)),),
         f"Total EBITDA for {period} was ${fmt(value)}m.",
         f"Total EBITDA for {period} was ${fmt(wrong)}m.",
+        plan=(call("sheets_search", path=w.paths.financials, query="Total", sheet="EBITDA"),),
     )
 
 
@@ -84,6 +87,8 @@ def find_segment_ebitda(w: World, rng: random.Random) -> Draft | None:
                   reject=(wrong,)),),
         f"{seg} EBITDA in {period}: ${fmt(value)}m.",
         f"{seg} EBITDA in {period}: ${fmt(wrong)}m.",
+        plan=(call("filesystem_find", pattern=f"*{compose.slug(period)}*"),
+              call("pdf_search", path=w.paths.report(period), query=seg)),
     )
 
 
@@ -99,6 +104,8 @@ def find_final_revenue(w: World, rng: random.Random) -> Draft | None:
                       f"(not the draft's {fmt(wrong)}m)", value, reject=(wrong,)),),
         f"Final {seg} revenue for {period} was ${fmt(value)}m.",
         f"{seg} revenue for {period} was ${fmt(wrong)}m.",
+        plan=(call("filesystem_find", pattern=f"*{compose.slug(period)}*"),
+              call("pdf_search", path=w.paths.report(period), query=seg)),
     )
 
 
@@ -115,6 +122,7 @@ def calendar_date(w: World, rng: random.Random) -> Draft | None:
         (names("c1", f"Gives the date {start:%d %B %Y}", date_forms(start.date())),),
         f"The {title.lower()} is scheduled for {start:%d %B %Y} at {start:%H:%M}.",
         f"The {title.lower()} is scheduled for {other:%d %B %Y}.",
+        plan=(call("calendar_search", query=title),),
     )
 
 
@@ -139,6 +147,8 @@ def segment_growth(w: World, rng: random.Random) -> Draft | None:
         f"{seg} revenue went from ${fmt(a)}m in {p0} to ${fmt(b)}m in {p1}, a change of "
         f"{growth:+.1f}%.",
         f"{seg} revenue changed by {wrong:+.1f}%.",
+        plan=(call("pdf_search", path=w.paths.report(p0), query=seg),
+              call("pdf_search", path=w.paths.report(p1), query=seg)),
     )
 
 
@@ -157,6 +167,7 @@ def fiscal_year_revenue(w: World, rng: random.Random) -> Draft | None:
                   reject=(wrong,)),),
         f"{seg} revenue for FY{year} was ${fmt(value)}m.",
         f"{seg} revenue for FY{year} was ${fmt(wrong)}m.",
+        plan=(call("sheets_search", path=w.paths.financials, query=seg, sheet="Revenue"),),
     )
 
 
@@ -177,6 +188,7 @@ def segment_margin(w: World, rng: random.Random) -> Draft | None:
         f"{seg} EBITDA margin in {period}: {margin:.1f}% (EBITDA ${fmt(f.ebitda[seg][period])}m "
         f"on revenue ${fmt(f.revenue[seg][period])}m).",
         f"{seg} EBITDA margin in {period}: {wrong:.1f}%.",
+        plan=(call("pdf_search", path=w.paths.report(period), query=seg),),
     )
 
 
@@ -197,6 +209,9 @@ def budget_fill_actual(w: World, rng: random.Random) -> Draft | None:
         f"Filled Actuals!{ref} with {fmt(wrong)}.",
         files={path: compose.budget_workbook(f, {seg: value})},
         distractor_files={path: compose.budget_workbook(f, {seg: wrong})},
+        plan=(call("pdf_search", path=w.paths.report("Q4 2025"), query=seg),
+              call("sheets_search", path=path, query=f"{seg} Q4 2025", sheet="Actuals"),
+              call("sheets_edit_cells", path=path, sheet="Actuals", updates={ref: value})),
     )
 
 
@@ -219,6 +234,10 @@ def summary_table_fill(w: World, rng: random.Random) -> Draft | None:
         "Completed the EBITDA column.",
         files={path: compose.segment_summary(f, right)},
         distractor_files={path: compose.segment_summary(f, wrong)},
+        plan=(call("pdf_tables", path=w.paths.report(period)),
+              call("docs_read", path=path),
+              *(call("docs_fill_table_cell", path=path, table=0, row=i + 1, col=2,
+                     text=str(right[s])) for i, s in enumerate(f.segments))),
     )
 
 
@@ -242,6 +261,12 @@ def board_slide_update(w: World, rng: random.Random) -> Draft | None:
         "Updated the Key figures slide.",
         files={path: compose.board_deck(f, period, text)},
         distractor_files={path: compose.board_deck(f, period, compose.money(wrong))},
+        plan=(call("pdf_search", path=w.paths.report(period), query="Total"),
+              call("slides_read_slide", path=path, slide=2),
+              call("slides_edit_shape", path=path, slide=2, shape="Body", text="\n".join((
+                  f"Total revenue {period}: {text}",
+                  f"Total EBITDA {period}: {compose.money(f.total('ebitda', period))}",
+                  f"Segments reported: {len(f.segments)}")))),
     )
 
 
@@ -255,12 +280,14 @@ def memo_top_segment(w: World, rng: random.Random) -> Draft | None:
     top, second = ranked[0], ranked[1]
     path = f"Deliverables/Top_Segment_{compose.slug(period)}.md"
 
+    def lines(seg: str) -> list[str]:
+        return [f"To: {f.client[0].name}",
+                f"In {period}, {f.company}'s largest segment by revenue was {seg}, with revenue "
+                f"of ${fmt(f.revenue[seg][period])}m."]
+
     def memo(seg: str) -> dm.Document:
-        return dm.Document(f"Top segment {period}", (
-            dm.Paragraph(f"To: {f.client[0].name}"),
-            dm.Paragraph(f"In {period}, {f.company}'s largest segment by revenue was {seg}, with "
-                         f"revenue of ${fmt(f.revenue[seg][period])}m."),
-        ), author=f.team[1].name, date=quarter_end(period))
+        return dm.Document(f"Top segment {period}", tuple(dm.Paragraph(t) for t in lines(seg)),
+                           author=f.team[1].name, date=quarter_end(period))
 
     return Draft(
         f"Write a short memo to {f.client[0].name} as a markdown file at {path} stating which "
@@ -275,6 +302,9 @@ def memo_top_segment(w: World, rng: random.Random) -> Draft | None:
         f"Wrote {path}: {second} was the largest segment in {period}.",
         files={path: memo(top)},
         distractor_files={path: memo(second)},
+        plan=(call("pdf_tables", path=w.paths.report(period)),
+              call("docs_create", path=path, title=f"Top segment {period}",
+                   paragraphs=lines(top))),
     )
 
 
@@ -294,4 +324,7 @@ def reconcile_draft(w: World, rng: random.Random) -> Draft | None:
         f"The final report's ${fmt(final)}m is correct; the superseded draft v1 showed "
         f"${fmt(draft)}m, a difference of ${fmt(gap)}m.",
         f"The draft's ${fmt(draft)}m is correct.",
+        plan=(call("filesystem_find", pattern=f"*Quarterly_Report_{compose.slug(period)}*"),
+              call("pdf_search", path=w.paths.report(period), query=seg),
+              call("pdf_search", path=w.paths.draft_report, query=seg)),
     )

@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 
 from kwrl.types import Domain
+from kwrl.worlds.compose import slug
 from kwrl.worlds.domains import CLAUSES
 from kwrl.worlds.templates import (
     Draft,
     World,
+    call,
     date_forms,
     fmt,
     millions,
@@ -30,6 +32,7 @@ def steering_decision(w: World, rng: random.Random) -> Draft | None:
         (names("c1", f"Names the option chosen: {f.chosen_option}", [f.chosen_option], others),),
         f"The steering committee chose '{f.chosen_option}' on {f.decision_date:%d %B %Y}.",
         f"The committee chose '{wrong}'.",
+        plan=(call("chat_search", query="steering committee"),),
     )
 
 
@@ -44,6 +47,8 @@ def savings_target(w: World, rng: random.Random) -> Draft | None:
                   reject=(wrong,)),),
         f"The target is {f.savings_target_pct:g}% of ${fmt(f.cost_base)}m, i.e. ${fmt(value)}m.",
         f"The target is ${fmt(wrong)}m.",
+        plan=(call("docs_search", path=w.paths.cost_review, query="cost base"),
+              call("docs_search", path=w.paths.cost_review, query="savings target")),
     )
 
 
@@ -60,6 +65,7 @@ def peer_multiple(w: World, rng: random.Random) -> Draft | None:
                 reject=(other.multiple,)),),
         f"{peer.name} trades at {peer.multiple:.1f}x EV/EBITDA.",
         f"{peer.name} trades at {other.multiple:.1f}x EV/EBITDA.",
+        plan=(call("sheets_search", path=w.paths.comps, query=peer.name),),
     )
 
 
@@ -74,6 +80,8 @@ def offer_premium(w: World, rng: random.Random) -> Draft | None:
         f"The offer of ${f.offer_price:.2f} per share is a {premium:.1f}% premium to the "
         f"unaffected price of ${f.unaffected_price:.2f}.",
         f"The premium is ${f.offer_price - f.unaffected_price:.2f} per share.",
+        plan=(call("filesystem_find", pattern="*Offer_Letter*"),
+              call("pdf_read_pages", path=w.paths.offer_letter)),
     )
 
 
@@ -91,6 +99,8 @@ def implied_enterprise_value(w: World, rng: random.Random) -> Draft | None:
         f"Equity value ${fmt(equity)}m (${f.offer_price:.2f} x {fmt(f.shares_outstanding)}m "
         f"shares) plus net debt ${fmt(f.net_debt)}m gives an enterprise value of ${fmt(ev)}m.",
         f"The implied enterprise value is ${fmt(equity)}m.",
+        plan=(call("pdf_search", path=w.paths.offer_letter, query="per share"),
+              call("docs_read", path=w.paths.capitalization)),
     )
 
 
@@ -108,6 +118,7 @@ def contract_notice(w: World, rng: random.Random) -> Draft | None:
                 reject=(other.notice_days,)),),
         f"{c.notice_days} days' written notice.",
         f"{other.notice_days} days' written notice.",
+        plan=(call("docs_search", path=w.paths.contract(c.key), query=CLAUSES["notice"]),),
     )
 
 
@@ -125,6 +136,8 @@ def liability_cap(w: World, rng: random.Random) -> Draft | None:
         f"Aggregate liability is capped at ${fmt(c.liability_cap)}m (clause "
         f"{CLAUSES['liability']}).",
         f"Aggregate liability is capped at ${fmt(other.liability_cap)}m.",
+        plan=(call("filesystem_find", pattern=f"*{slug(c.counterparty)}*"),
+              call("docs_search", path=w.paths.contract(c.key), query="liability")),
     )
 
 
@@ -141,6 +154,8 @@ def contract_expiry(w: World, rng: random.Random) -> Draft | None:
         f"The agreement started on {c.effective:%d %B %Y} for {c.term_months} months, so the "
         f"initial term ends on {expiry:%d %B %Y}.",
         f"The agreement started on {c.effective:%d %B %Y}.",
+        plan=(call("filesystem_find", pattern=f"*{slug(c.counterparty)}*"),
+              call("docs_search", path=w.paths.contract(c.key), query="commences")),
     )
 
 
@@ -156,4 +171,7 @@ def amended_notice(w: World, rng: random.Random) -> Draft | None:
         f"{c.amended_notice_days} days: Amendment No. 1 of {c.amendment_date:%d %B %Y} replaced "
         f"clause {CLAUSES['notice']} (originally {c.notice_days} days).",
         f"{c.notice_days} days under clause {CLAUSES['notice']}.",
+        plan=(call("filesystem_find", pattern=f"*{slug(c.counterparty)}*"),
+              call("docs_search", path=w.paths.contract(c.key), query=CLAUSES["notice"]),
+              call("pdf_read_pages", path=w.paths.amendment(c.key))),
     )

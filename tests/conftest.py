@@ -1,0 +1,44 @@
+"""Shared fixtures: one small world per domain, and a task of any template drawn from it."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from kwrl.types import Domain
+from kwrl.worlds.compose import Paths, compose_world
+from kwrl.worlds.facts import make_world
+from kwrl.worlds.render import render_files
+from kwrl.worlds.split import task_spec
+from kwrl.worlds.taskdir import write_task
+from kwrl.worlds.templates import TEMPLATES, Template, World
+
+TEMPLATE_CASES = [(d, t) for t in TEMPLATES for d in t.domains]
+TEMPLATE_IDS = [f"{d}.{t.name}" for d, t in TEMPLATE_CASES]
+
+
+@pytest.fixture(scope="session")
+def template_worlds(tmp_path_factory) -> dict[Domain, tuple[World, Path]]:
+    """One rendered 30-file world per domain, shared by the whole session."""
+    root = tmp_path_factory.mktemp("worlds")
+    out = {}
+    for i, domain in enumerate(Domain):
+        facts = make_world("unit", 7, i, domain)
+        files = compose_world(facts, n_files=30)
+        world_dir = root / facts.world_id
+        render_files(files, world_dir / "files")
+        out[domain] = (World(facts, Paths(facts), files), world_dir)
+    return out
+
+
+def template_task_dir(worlds: dict, domain: Domain, tmpl: Template, tmp_path: Path) -> Path:
+    """A task of `tmpl` on the `domain` world, written in Harbor's layout under `tmp_path`."""
+    world, world_dir = worlds[domain]
+    rng = random.Random(11)
+    for _ in range(50):
+        draft = tmpl.build(world, rng)
+        if draft is not None:
+            return write_task(task_spec(world, tmpl, draft, 0), tmp_path / "tasks", world_dir)
+    raise AssertionError(f"{tmpl.name} drew no task in 50 attempts")
