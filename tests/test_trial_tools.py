@@ -94,3 +94,30 @@ def test_tool_servers_are_gone_after_the_trial(host, tmp_path) -> None:
     trial = run_trial(make_task(tmp_path), agent, services=McpServices(host, apps=APPS))
     assert trial.status is TrialStatus.OK
     assert agent.tools.handles and not any(h.alive for h in agent.tools.handles)
+
+
+def test_an_agent_that_hangs_past_its_timeout_still_gets_its_servers_stopped(
+    host, tmp_path
+) -> None:
+    import threading
+
+    release = threading.Event()
+
+    class Hanging:
+        name = "hanging"
+
+        def run(self, task, workspace, tools=None):
+            self.tools = tools
+            release.wait(timeout=30)
+            return AgentOutcome("late", StopReason.ANSWERED)
+
+    task_dir = make_task(tmp_path)
+    toml = task_dir / "task.toml"
+    toml.write_text(toml.read_text().replace("timeout_sec = 600.0", "timeout_sec = 1.0", 1))
+    agent = Hanging()
+    try:
+        trial = run_trial(task_dir, agent, services=McpServices(host, apps=APPS))
+    finally:
+        release.set()
+    assert trial.status is TrialStatus.ERROR and trial.stop_reason is StopReason.TIMEOUT
+    assert agent.tools.handles and not any(h.alive for h in agent.tools.handles)
