@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -103,11 +102,7 @@ def test_load_model_refuses_a_directory_without_a_model(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_default_build_from_generated_worlds_takes_well_under_a_minute(tmp_path: Path
-                                                                           ) -> None:
-    started = time.perf_counter()
-    out = init_model(tmp_path / "model")
-    elapsed = time.perf_counter() - started
-    model, tokenizer = load_model(out, device="cpu")
+def test_the_default_build_from_generated_worlds_has_the_recipe_size(tmp_path: Path) -> None:
+    # Build time is reported by `kwrl model init` (5-12 s here), never asserted in a test.
+    model, tokenizer = load_model(init_model(tmp_path / "model"), device="cpu")
     assert len(tokenizer) == 1024 and parameter_count(model) == 1024 * 128 + NON_EMBEDDING
-    assert elapsed < 60, elapsed  # measured 5.5-12 s on 2 shared cores (mostly world generation)

@@ -1,0 +1,1 @@
+"""Training: supervised fine-tuning on demonstrations now; the RL trainer and orchestrator next."""
