@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,18 @@ def template_task_dir(worlds: dict, domain: Domain, tmpl: Template, tmp_path: Pa
         if draft is not None:
             return write_task(task_spec(world, tmpl, draft, 0), tmp_path / "tasks", world_dir)
     raise AssertionError(f"{tmpl.name} drew no task in 50 attempts")
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory) -> tuple:
+    """One consulting world's files (facts, root), rendered once per session, read-only."""
+    facts = make_world("test", 3, 0, Domain.CONSULTING)
+    root = tmp_path_factory.getbasetemp() / f"world-{facts.world_id}"
+    render_files(compose_world(facts, 30), root)
+    return facts, root
+
+
+@pytest.fixture
+def workspace(world: tuple, tmp_path: Path) -> Path:
+    """A fresh copy of the shared world, for tests that write."""
+    return Path(shutil.copytree(world[1], tmp_path / "ws"))

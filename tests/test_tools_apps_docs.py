@@ -3,7 +3,6 @@ of the document, and results the grader's extractor reads back."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import docx
@@ -12,27 +11,10 @@ import pytest
 from kwrl.graders.extract import DocxContent, TextContent, extract
 from kwrl.tools import ToolError
 from kwrl.tools.apps import Docs
-from kwrl.types import Domain
-from kwrl.worlds.compose import Paths, compose_world
-from kwrl.worlds.facts import WorldFacts, make_world
-from kwrl.worlds.render import render_files
+from kwrl.worlds.compose import Paths
+from kwrl.worlds.facts import WorldFacts
 
 World = tuple[WorldFacts, Path]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    """One consulting world, rendered once per test session and shared read-only."""
-    facts = make_world("test", 3, 0, Domain.CONSULTING)
-    root = tmp_path_factory.getbasetemp() / f"world-{facts.world_id}"
-    if not root.is_dir():
-        render_files(compose_world(facts, 30), root)
-    return facts, root
-
-
-@pytest.fixture
-def workspace(world: World, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(world[1], tmp_path / "ws"))
 
 
 def word(root: Path, rel: str) -> DocxContent:

@@ -9,20 +9,8 @@ import pytest
 
 from kwrl.tools import ToolError
 from kwrl.tools.apps import Filesystem
-from kwrl.types import Domain
-from kwrl.worlds.compose import Paths, compose_world
-from kwrl.worlds.facts import WorldFacts, make_world
-from kwrl.worlds.render import render_files
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[WorldFacts, Path]:
-    """One consulting world, rendered once per test session and shared read-only."""
-    facts = make_world("test", 3, 0, Domain.CONSULTING)
-    root = tmp_path_factory.getbasetemp() / f"world-{facts.world_id}"
-    if not root.is_dir():
-        render_files(compose_world(facts, 30), root)
-    return facts, root
+from kwrl.worlds.compose import Paths
+from kwrl.worlds.facts import WorldFacts
 
 
 @pytest.fixture

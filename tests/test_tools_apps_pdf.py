@@ -11,23 +11,11 @@ from reportlab.pdfgen import canvas
 
 from kwrl.tools import ToolError
 from kwrl.tools.apps import Pdf
-from kwrl.types import Domain
-from kwrl.worlds.compose import Paths, compose_world, money
-from kwrl.worlds.facts import WorldFacts, make_world
-from kwrl.worlds.render import render_files
+from kwrl.worlds.compose import Paths, money
+from kwrl.worlds.facts import WorldFacts
 
 TWO_COLUMN = "Q1 2025"  # odd quarters are laid out in two columns, the table beside prose
 ONE_COLUMN = "Q2 2025"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[WorldFacts, Path]:
-    """One consulting world, rendered once per test session and shared read-only."""
-    facts = make_world("test", 3, 0, Domain.CONSULTING)
-    root = tmp_path_factory.getbasetemp() / f"world-{facts.world_id}"
-    if not root.is_dir():
-        render_files(compose_world(facts, 30), root)
-    return facts, root
 
 
 @pytest.fixture

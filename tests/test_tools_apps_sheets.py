@@ -3,7 +3,6 @@ workbook whose formulas all carry correct cached values, as the grader's extract
 
 from __future__ import annotations
 
-import shutil
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
@@ -14,29 +13,12 @@ from kwrl.graders.extract import XlsxContent, extract
 from kwrl.tools import ToolError
 from kwrl.tools.apps import Sheets
 from kwrl.types import Domain
-from kwrl.worlds.compose import Paths, budget_cell, compose_world
+from kwrl.worlds.compose import Paths, budget_cell
 from kwrl.worlds.domains import comps_workbook
 from kwrl.worlds.facts import PERIODS, WorldFacts, make_world
-from kwrl.worlds.render import render_files
 from kwrl.worlds.writers import write_xlsx
 
 World = tuple[WorldFacts, Path]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    """One consulting world, rendered once per test session and shared read-only."""
-    facts = make_world("test", 3, 0, Domain.CONSULTING)
-    root = tmp_path_factory.getbasetemp() / f"world-{facts.world_id}"
-    if not root.is_dir():
-        render_files(compose_world(facts, 30), root)
-    return facts, root
-
-
-@pytest.fixture
-def workspace(world: World, tmp_path: Path) -> Path:
-    """A fresh copy of the world for tests that write."""
-    return Path(shutil.copytree(world[1], tmp_path / "ws"))
 
 
 def stored(value: float) -> str:

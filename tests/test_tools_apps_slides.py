@@ -3,7 +3,6 @@ series, and edits the grader's extractor reads back with the formatting kept."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pptx
@@ -13,28 +12,11 @@ from pptx.util import Pt
 from kwrl.graders.extract import PptxContent, extract
 from kwrl.tools import ToolError
 from kwrl.tools.apps import Slides
-from kwrl.types import Domain
-from kwrl.worlds.compose import Paths, compose_world
-from kwrl.worlds.facts import WorldFacts, make_world
-from kwrl.worlds.render import render_files
+from kwrl.worlds.compose import Paths
+from kwrl.worlds.facts import WorldFacts
 
 World = tuple[WorldFacts, Path]
 PERIOD = "Q4 2025"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    """One consulting world, rendered once per test session and shared read-only."""
-    facts = make_world("test", 3, 0, Domain.CONSULTING)
-    root = tmp_path_factory.getbasetemp() / f"world-{facts.world_id}"
-    if not root.is_dir():
-        render_files(compose_world(facts, 30), root)
-    return facts, root
-
-
-@pytest.fixture
-def workspace(world: World, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(world[1], tmp_path / "ws"))
 
 
 def deck(root: Path, rel: str) -> PptxContent:
