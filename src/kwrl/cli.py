@@ -31,6 +31,8 @@ mcp_app = typer.Typer(help="Serve kwrl's apps as MCP tool servers.", no_args_is_
 app.add_typer(mcp_app, name="mcp")
 model_app = typer.Typer(help="Build and manage policy models.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+check_app = typer.Typer(help="Check the pipeline's invariants.", no_args_is_help=True)
+app.add_typer(check_app, name="check")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -48,6 +50,12 @@ class AgentName(StrEnum):
     ORACLE = "oracle"
     NULL = "null"
     PLAN = "plan"
+    MODEL = "model"
+
+
+class HarnessName(StrEnum):
+    MCP = "mcp"
+    CODE = "code"
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -160,10 +168,17 @@ def eval_command(
     tasks: Annotated[Path, typer.Option(help="A split directory or a folder of task dirs.")],
     out: Annotated[Path, typer.Option(help="Run directory for trials.jsonl and summary.json.")],
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    model: Annotated[Path | None, typer.Option(help="Model directory (--agent model).")] = None,
+    harness: Annotated[HarnessName, typer.Option(help="Tools of the model agent.")] = (
+        HarnessName.MCP),
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 1.0,
+    concurrency: Annotated[int, typer.Option(min=1, help="Trials at once.")] = 8,
+    seed: Annotated[int, typer.Option(help="Sampling seed of the model agent.")] = 0,
 ) -> None:
     """Run an agent once on every task and report mean score and pass@1.
 
-    `plan` follows each task's oracle tool-call plan through the trial's own MCP servers.
+    `plan` follows each task's oracle tool-call plan through the trial's own MCP servers;
+    `model` runs a checkpoint as the agent (with the `mcp` or the `code` harness).
     """
     from kwrl.harness.baselines import NullAgent, OracleAgent, PlanAgent
     from kwrl.worlds.taskdir import task_dirs
@@ -172,7 +187,12 @@ def eval_command(
         _fail(f"no task directories found under {tasks}")
     if out.exists() and not out.is_dir():
         _fail(f"--out is not a directory: {out}")
-    if agent is AgentName.PLAN:
+    if agent is AgentName.MODEL:
+        if model is None:
+            _fail("--agent model needs --model DIR")
+        _eval_model(tasks, out, _existing_dir(model, "model"), harness, temperature, concurrency,
+                    seed, progress)
+    elif agent is AgentName.PLAN:
         from kwrl.tools.host import ToolHost
         from kwrl.tools.services import McpServices
 
@@ -183,13 +203,45 @@ def eval_command(
                   progress, None)
 
 
-def _run_eval(tasks: Path, out: Path, agent, progress: bool, services) -> None:
+def _eval_model(tasks: Path, out: Path, model_dir: Path, harness: HarnessName,
+                temperature: float, concurrency: int, seed: int, progress: bool) -> None:
+    """The model as the agent: one LocalEngine batching every concurrent trial's requests."""
+    from kwrl.engines.base import SamplingParams
+    from kwrl.engines.local import LocalEngine
+    from kwrl.harness.loop import Limits
+    from kwrl.harness.model_agent import ModelAgent
+    from kwrl.harness.prompt import SMALL_MCP_TOOLS
+    from kwrl.models import load_model
+    from kwrl.render import ChatTemplateRenderer
+    from kwrl.tools.host import ToolHost
+    from kwrl.tools.services import McpServices
+
+    checkpoint, tokenizer = load_model(model_dir)
+    window = int(getattr(checkpoint.config, "max_position_embeddings", 4096))
+    # Reported evals run without the context nudge: its gain is a training effect.
+    limits = Limits(context_window=window, nudge_at=None)
+    sampling = SamplingParams(max_tokens=limits.turn_token_cap, temperature=temperature,
+                              seed=seed)
+    subset = SMALL_MCP_TOOLS if harness is HarnessName.MCP else None
+    with LocalEngine(checkpoint, tokenizer) as engine:
+        agent = ModelAgent(engine, ChatTemplateRenderer(tokenizer), harness.value, limits,
+                           tools_subset=subset, compact=True, sampling=sampling,
+                           name=f"model:{model_dir.name}:{harness.value}")
+        if harness is HarnessName.CODE:
+            _run_eval(tasks, out, agent, progress, None, concurrency)
+            return
+        with ToolHost() as host:
+            _run_eval(tasks, out, agent, progress, McpServices(host), concurrency)
+
+
+def _run_eval(tasks: Path, out: Path, agent, progress: bool, services,
+              concurrency: int = 1) -> None:
     from kwrl.eval.runner import SUMMARY_FILE, TRIALS_FILE, evaluate
     from kwrl.eval.summary import summary_table
 
     try:
         summary = evaluate(tasks, agent, out, progress=progress, console=console,
-                           services=services)
+                           services=services, concurrency=concurrency)
     except OSError as exc:
         _fail(f"could not write the run to {out}: {exc}")
     console.print(summary_table(summary))
@@ -259,3 +311,67 @@ def model_init(
         f"{len(tokenizer):,}, in {time.perf_counter() - start:.1f} s",
         soft_wrap=True,
     )
+
+
+@check_app.command("tito")
+def check_tito(
+    model: Annotated[Path, typer.Option(help="Model directory.")],
+    tasks: Annotated[Path, typer.Option(help="A split directory or a folder of task dirs.")],
+    harness: Annotated[HarnessName, typer.Option(help="Tools of the model agent.")] = (
+        HarnessName.MCP),
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+) -> None:
+    """Run the model on the tasks, re-render every finished conversation from scratch and count
+    the tokens that differ from the tape; the last line states the drift count. Exit 1 if any
+    token outside the sampled turns drifted (a harness or template bug)."""
+    from transformers.utils import logging as hf_logging
+
+    from kwrl.harness.tito import check_model_tito
+
+    hf_logging.disable_progress_bar()
+    report = check_model_tito(_existing_dir(model, "model"), _existing_dir(tasks, "tasks"),
+                              harness.value, seed=seed)
+    for line in report.lines():
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if report.harness_drift > 0:
+        raise typer.Exit(1)
+
+
+@app.command("sft")
+def sft(
+    model: Annotated[Path, typer.Option(help="Model directory to start from.")],
+    tasks: Annotated[Path, typer.Option(help="Training split (tasks with oracle plans).")],
+    out: Annotated[Path, typer.Option(help="Directory for the fine-tuned model (new).")],
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 200,
+    batch_size: Annotated[int, typer.Option(min=1, help="Tapes per step.")] = 16,
+    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-3,
+    tiers: Annotated[str, typer.Option(help="Comma-separated tiers to learn from.")] = "1,2,3,4",
+    seed: Annotated[int, typer.Option(help="Data order and init seed.")] = 0,
+) -> None:
+    """Supervised fine-tuning on oracle demonstrations: each task's plan replayed through the
+    real MCP harness, so the tapes are exactly the format the model later samples in."""
+    from kwrl.train.run_sft import run_sft
+
+    if out.exists() and any(out.iterdir()):
+        _fail(f"{out} is not empty; choose a new output directory")
+    try:
+        chosen = tuple(int(t) for t in tiers.split(","))
+    except ValueError:
+        _fail(f"--tiers must be comma-separated integers, got {tiers!r}")
+    run_sft(_existing_dir(model, "model"), _existing_dir(tasks, "tasks"), out, steps=steps,
+            batch_size=batch_size, lr=lr, tiers=chosen, seed=seed, console=console)
+
+
+@app.command("serve")
+def serve_command(
+    model: Annotated[Path, typer.Option(help="Model directory.")],
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
+    max_batch: Annotated[int, typer.Option(min=1, help="Requests decoded together.")] = 64,
+    seed: Annotated[int, typer.Option(help="Default sampling seed.")] = 0,
+) -> None:
+    """Serve a model over HTTP in vLLM's completions dialect (token-id prompts, returned token
+    ids and logprobs, policy version), with chat completions and a weight-update endpoint."""
+    from kwrl.engines.server import serve
+
+    serve(_existing_dir(model, "model"), host=host, port=port, max_batch=max_batch, seed=seed)

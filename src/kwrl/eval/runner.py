@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
 from enum import Enum
@@ -36,10 +37,13 @@ def evaluate(
     progress: bool = True,
     console: Console | None = None,
     services: TrialServices | None = None,
+    concurrency: int = 1,
 ) -> Summary:
     """Run `agent` once on every task under `tasks_root`; write trials and summary to `out`.
 
     `services` (e.g. MCP tool servers) are started and stopped around each trial's agent.
+    `concurrency` trials run at once, each in its own thread (a model agent runs its own event
+    loop there, and a batching engine serves them together); results keep the task order.
     """
     tasks_root, out = Path(tasks_root), Path(out)
     if not tasks_root.is_dir():
@@ -49,9 +53,15 @@ def evaluate(
     before_cache: SnapshotCache = {}
     trials: list[TrialResult] = []
     start = time.perf_counter()
-    with (out / TRIALS_FILE).open("w") as sink, _progress(progress, len(dirs), console) as advance:
-        for task_dir in dirs:
-            trial = run_trial(task_dir, agent, before_cache, services=services)
+    def one(task_dir: Path) -> TrialResult:
+        return run_trial(task_dir, agent, before_cache, services=services)
+
+    with (
+        (out / TRIALS_FILE).open("w") as sink,
+        _progress(progress, len(dirs), console) as advance,
+        ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
+    ):
+        for trial in pool.map(one, dirs):
             sink.write(json.dumps(trial_to_json(trial)) + "\n")
             sink.flush()
             trials.append(trial)

@@ -1,0 +1,278 @@
+"""The local engine: exact ids and logprobs, batching, seeds, weight versions, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from kwrl.engines import Completion, Engine, EngineError, LocalEngine, SamplingParams
+from kwrl.engines.decoders import HFDecoder, StaticQwen3Decoder
+from kwrl.engines.sampling import processed_logprobs
+from kwrl.models import build_model, build_tokenizer
+from kwrl.models.corpus import sample_corpus
+
+TOLERANCE = 1e-4
+"""Engine logprobs against a plain forward pass (measured: <= 1e-6 in fp32)."""
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return build_tokenizer(sample_corpus())
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    return build_model(tokenizer, seed=0)
+
+
+@pytest.fixture
+def engine(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> Iterator[LocalEngine]:
+    with LocalEngine(copy.deepcopy(model), tokenizer, request_timeout_s=60) as engine:
+        yield engine
+
+
+def prompts(tokenizer: PreTrainedTokenizerFast, n: int, seed: int = 0) -> list[list[int]]:
+    """Chat prompts of different lengths (so batches are padded)."""
+    questions = [f"What was the revenue of segment {k} in Q{k % 4 + 1}?" + " Be brief." * (k % 5)
+                 for k in range(seed, seed + n)]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                          add_generation_prompt=True, return_dict=False)
+            for q in questions]
+
+
+def generate_all(engine: Engine, prompt_ids: list[list[int]], params: list[SamplingParams]
+                 ) -> list[Completion]:
+    async def run() -> list[Completion]:
+        return await asyncio.gather(*(engine.generate(p, s)
+                                      for p, s in zip(prompt_ids, params, strict=True)))
+    return asyncio.run(run())
+
+
+def forward_logits(model: PreTrainedModel, prompt: list[int], completion: Completion
+                   ) -> torch.Tensor:
+    """The plain forward pass's logits at the positions that predicted each sampled token."""
+    ids = torch.tensor([prompt + list(completion.token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    return logits[len(prompt) - 1: ids.shape[1] - 1]
+
+
+def test_logprobs_are_the_forward_pass_log_softmax_at_the_sampled_tokens(
+    engine: LocalEngine, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    batch = prompts(tokenizer, 6)
+    completions = generate_all(engine, batch, [SamplingParams(max_tokens=24, seed=k)
+                                               for k in range(6)])
+    worst = 0.0
+    for prompt, completion in zip(batch, completions, strict=True):
+        reference = forward_logits(model, prompt, completion).log_softmax(-1)
+        chosen = reference[torch.arange(len(completion.token_ids)),
+                           torch.tensor(completion.token_ids)]
+        worst = max(worst, (chosen - torch.tensor(completion.logprobs)).abs().max().item())
+        assert completion.policy_version == 0 and completion.finish_reason == "length"
+    assert worst < TOLERANCE
+
+
+def test_temperature_and_top_p_change_the_distribution_and_its_reported_logprobs(
+    engine: LocalEngine, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    prompt = prompts(tokenizer, 1)[0]
+    params = SamplingParams(max_tokens=16, temperature=0.7, top_p=0.9, seed=5)
+    completion = asyncio.run(engine.generate(prompt, params))
+    logits = forward_logits(model, prompt, completion)
+    steps = torch.arange(len(completion.token_ids))
+    tokens = torch.tensor(completion.token_ids)
+    expected = processed_logprobs(logits, torch.full((len(steps),), 0.7),
+                                  torch.full((len(steps),), 0.9))[steps, tokens]
+    plain = logits.log_softmax(-1)[steps, tokens]
+    got = torch.tensor(completion.logprobs)
+    assert (got - expected).abs().max() < TOLERANCE
+    assert (got - plain).abs().max() > 0.01  # the reported distribution is not the model's own
+    # one step by hand: softmax(logits / 0.7) renormalised over the top-0.9 nucleus
+    probs = (logits[0] / 0.7).softmax(-1)
+    ordered, _ = probs.sort(descending=True)
+    nucleus = int((ordered.cumsum(0) < 0.9).sum()) + 1
+    assert probs[tokens[0]] >= ordered[nucleus - 1]
+    assert got[0].exp().item() == pytest.approx((probs[tokens[0]] / ordered[:nucleus].sum())
+                                                .item(), rel=1e-4)
+
+
+def test_a_stop_token_ends_the_sequence_and_is_returned(
+    engine: LocalEngine, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    prompt = prompts(tokenizer, 1)[0]
+    free = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=12, seed=3)))
+    stop = free.token_ids[5]
+    first = free.token_ids.index(stop)
+    stopped = asyncio.run(engine.generate(
+        prompt, SamplingParams(max_tokens=12, seed=3, stop_token_ids=(stop,))))
+    assert stopped.token_ids == free.token_ids[: first + 1]
+    assert stopped.logprobs == free.logprobs[: first + 1]
+    assert stopped.finish_reason == "stop"
+
+
+def test_max_tokens_ends_with_finish_reason_length_and_zero_returns_at_once(
+    engine: LocalEngine, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    prompt = prompts(tokenizer, 1)[0]
+    capped = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=7, seed=1)))
+    assert len(capped.token_ids) == len(capped.logprobs) == 7
+    assert capped.finish_reason == "length"
+    empty = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=0)))
+    assert empty == Completion((), (), "length", 0)
+
+
+def test_sixteen_concurrent_requests_complete_in_a_few_batches(
+    engine: LocalEngine, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    completions = generate_all(engine, prompts(tokenizer, 16),
+                               [SamplingParams(max_tokens=10 + k, seed=k) for k in range(16)])
+    assert [len(c.token_ids) for c in completions] == [10 + k for k in range(16)]
+    assert engine.stats.requests == 16
+    assert engine.stats.batches < 16 and engine.stats.max_batch_size > 1
+    assert engine.stats.decode_steps < 16 * 10  # steps were shared, not one loop per request
+
+
+def test_a_seed_gives_the_same_tokens_alone_or_in_any_batch(
+    engine: LocalEngine, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """Rows of different lengths, stops and caps: finished rows are dropped mid-batch."""
+    batch = prompts(tokenizer, 8)
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    params = [SamplingParams(max_tokens=4 + 3 * k, temperature=1.0 if k % 2 else 0.8,
+                             top_p=1.0 if k % 3 else 0.95, stop_token_ids=(stop,), seed=100 + k)
+              for k in range(8)]
+    together = generate_all(engine, batch, params)
+    alone = [asyncio.run(engine.generate(p, s)) for p, s in zip(batch, params, strict=True)]
+    shuffled = generate_all(engine, batch[::-1], params[::-1])[::-1]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert [c.token_ids for c in shuffled] == [c.token_ids for c in alone]
+    worst = max(abs(a - b) for x, y in zip(together, alone, strict=True)
+                for a, b in zip(x.logprobs, y.logprobs, strict=True))
+    assert worst < 1e-5  # padding moves logits by float rounding only
+    other_seed = asyncio.run(engine.generate(batch[0], SamplingParams(max_tokens=30, seed=1)))
+    same_seed = asyncio.run(engine.generate(batch[0], SamplingParams(max_tokens=30, seed=1)))
+    third_seed = asyncio.run(engine.generate(batch[0], SamplingParams(max_tokens=30, seed=2)))
+    assert other_seed.token_ids == same_seed.token_ids != third_seed.token_ids
+
+
+def test_the_hf_and_static_decoders_sample_the_same_tokens(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    batch = prompts(tokenizer, 4)
+    params = [SamplingParams(max_tokens=6 + 4 * k, seed=k) for k in range(4)]
+    results = []
+    for decoder_type in (StaticQwen3Decoder, HFDecoder):
+        own = copy.deepcopy(model)
+        with LocalEngine(own, tokenizer, decoder=decoder_type(own)) as engine:
+            results.append(generate_all(engine, batch, params))
+    static, hf = results
+    assert [c.token_ids for c in static] == [c.token_ids for c in hf]
+    assert max(abs(a - b) for x, y in zip(static, hf, strict=True)
+               for a, b in zip(x.logprobs, y.logprobs, strict=True)) < TOLERANCE
+
+
+def test_a_weight_update_bumps_the_version_and_changes_what_is_sampled(
+    engine: LocalEngine, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    prompt = prompts(tokenizer, 1)[0]
+    params = SamplingParams(max_tokens=20, seed=9)
+    before = asyncio.run(engine.generate(prompt, params))
+    other = build_model(tokenizer, seed=1).state_dict()
+    assert engine.update_weights(other) == 1 == engine.policy_version
+    after = asyncio.run(engine.generate(prompt, params))
+    assert (before.policy_version, after.policy_version) == (0, 1)
+    assert after.logprobs != before.logprobs
+    with pytest.raises(ValueError, match="unknown"):
+        engine.update_weights({"not.a.weight": torch.zeros(1)})
+    assert engine.policy_version == 1
+
+
+class FailingDecoder:
+    """A real decoder that raises on one chosen decode step."""
+
+    def __init__(self, inner: StaticQwen3Decoder, fail_on_step: int) -> None:
+        self.inner, self.fail_on_step, self.steps = inner, fail_on_step, 0
+
+    def start(self, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
+        return self.inner.start(prompts, max_new_tokens)
+
+    def step(self, token_B: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        if self.steps == self.fail_on_step:
+            raise RuntimeError("simulated kernel failure")
+        return self.inner.step(token_B)
+
+    def keep(self, rows_B: torch.Tensor) -> None:
+        self.inner.keep(rows_B)
+
+    def refresh(self) -> None:
+        self.inner.refresh()
+
+
+def test_a_failure_in_the_worker_fails_its_requests_and_the_engine_serves_on(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    own = copy.deepcopy(model)
+    decoder = FailingDecoder(StaticQwen3Decoder(own), fail_on_step=3)
+    with LocalEngine(own, tokenizer, decoder=decoder, request_timeout_s=30) as engine:
+        batch = prompts(tokenizer, 3)
+
+        async def run() -> list[Completion | BaseException]:
+            return await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=10))
+                                          for p in batch), return_exceptions=True)
+        failed = asyncio.run(run())
+        assert all(isinstance(r, EngineError) and "simulated" in str(r) for r in failed)
+        assert engine.stats.failed_batches == 1
+        later = asyncio.run(engine.generate(batch[0], SamplingParams(max_tokens=5)))
+        assert len(later.token_ids) == 5
+
+
+class SlowDecoder(FailingDecoder):
+    def start(self, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
+        time.sleep(0.5)
+        return self.inner.start(prompts, max_new_tokens)
+
+
+def test_a_request_that_outlives_its_timeout_fails_instead_of_hanging(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    own = copy.deepcopy(model)
+    decoder = SlowDecoder(StaticQwen3Decoder(own), fail_on_step=-1)
+    with LocalEngine(own, tokenizer, decoder=decoder, request_timeout_s=0.05) as engine:
+        with pytest.raises(EngineError, match="no completion within"):
+            asyncio.run(engine.generate(prompts(tokenizer, 1)[0], SamplingParams(max_tokens=3)))
+
+
+def test_close_aborts_the_batch_in_flight_and_refuses_new_requests(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    engine = LocalEngine(copy.deepcopy(model), tokenizer, request_timeout_s=30)
+    future = engine.submit(prompts(tokenizer, 1)[0], SamplingParams(max_tokens=3000))
+    deadline = time.monotonic() + 10
+    while engine.stats.decode_steps < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    engine.close()
+    aborted = future.result(timeout=10)
+    assert aborted.finish_reason == "abort" and 0 < len(aborted.token_ids) < 3000
+    with pytest.raises(EngineError, match="closed"):
+        asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_tokens=3)))
+
+
+def test_invalid_requests_are_engine_errors(engine: LocalEngine) -> None:
+    with pytest.raises(EngineError, match="empty"):
+        asyncio.run(engine.generate([], SamplingParams(max_tokens=3)))
+    with pytest.raises(EngineError, match="prompt ids"):
+        asyncio.run(engine.generate([engine.vocab_size], SamplingParams(max_tokens=3)))
+    with pytest.raises(EngineError, match="sampling"):
+        asyncio.run(engine.generate([1, 2], SamplingParams(max_tokens=3, top_p=0.0)))
+
+
+def test_the_engine_satisfies_the_protocol(engine: LocalEngine) -> None:
+    assert isinstance(engine, Engine)
