@@ -179,3 +179,13 @@ def test_evaluate_scores_the_oracle_one_and_the_null_agent_zero(tmp_path: Path) 
     line = json.loads((tmp_path / "oracle" / "trials.jsonl").read_text().splitlines()[0])
     assert line["grade"]["criteria"][0]["met"] is True
     assert set(line["timings"]) == {"setup", "agent", "grade", "teardown"}
+
+
+def test_several_samples_per_task_report_the_share_of_tasks_with_mixed_outcomes() -> None:
+    from kwrl.eval.summary import summarize
+
+    trials = [graded("a", "law", 1, 1.0, True), graded("a", "law", 1, 0.0, False),
+              graded("b", "law", 1, 1.0, True), graded("b", "law", 1, 1.0, True)]
+    summary = summarize(trials, "model", "tasks", 1.0)
+    assert summary.n_tasks == 2 and summary.samples_per_task == 2
+    assert summary.mixed_fraction == 0.5 and summary.pass_at_1 == 0.75

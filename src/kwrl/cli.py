@@ -58,6 +58,19 @@ class HarnessName(StrEnum):
     CODE = "code"
 
 
+class ToolSet(StrEnum):
+    """Which MCP tools a model sees: `lookup` (6 search tools, tiers 1-2) or `small` (15)."""
+
+    LOOKUP = "lookup"
+    SMALL = "small"
+
+
+def _tool_subset(tools: ToolSet) -> tuple[str, ...]:
+    from kwrl.harness.prompt import LOOKUP_MCP_TOOLS, SMALL_MCP_TOOLS
+
+    return LOOKUP_MCP_TOOLS if tools is ToolSet.LOOKUP else SMALL_MCP_TOOLS
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -174,6 +187,9 @@ def eval_command(
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 1.0,
     concurrency: Annotated[int, typer.Option(min=1, help="Trials at once.")] = 8,
     seed: Annotated[int, typer.Option(help="Sampling seed of the model agent.")] = 0,
+    samples: Annotated[int, typer.Option(min=1, help="Trials per task (model agent).")] = 1,
+    tools: Annotated[ToolSet, typer.Option(help="MCP tools the model sees.")] = ToolSet.SMALL,
+    tiers: Annotated[str | None, typer.Option(help="Only these tiers, e.g. 1,2.")] = None,
 ) -> None:
     """Run an agent once on every task and report mean score and pass@1.
 
@@ -187,30 +203,40 @@ def eval_command(
         _fail(f"no task directories found under {tasks}")
     if out.exists() and not out.is_dir():
         _fail(f"--out is not a directory: {out}")
+    chosen = _parse_tiers(tiers) if tiers else None
     if agent is AgentName.MODEL:
         if model is None:
             _fail("--agent model needs --model DIR")
         _eval_model(tasks, out, _existing_dir(model, "model"), harness, temperature, concurrency,
-                    seed, progress)
+                    None if samples > 1 else seed, progress, samples, _tool_subset(tools), chosen)
     elif agent is AgentName.PLAN:
         from kwrl.tools.host import ToolHost
         from kwrl.tools.services import McpServices
 
         with ToolHost() as host:
-            _run_eval(tasks, out, PlanAgent(), progress, McpServices(host))
+            _run_eval(tasks, out, PlanAgent(), progress, McpServices(host), tiers=chosen)
     else:
         _run_eval(tasks, out, OracleAgent() if agent is AgentName.ORACLE else NullAgent(),
-                  progress, None)
+                  progress, None, tiers=chosen)
+
+
+def _parse_tiers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        _fail(f"tiers must be comma-separated integers, got {text!r}")
 
 
 def _eval_model(tasks: Path, out: Path, model_dir: Path, harness: HarnessName,
-                temperature: float, concurrency: int, seed: int, progress: bool) -> None:
-    """The model as the agent: one LocalEngine batching every concurrent trial's requests."""
+                temperature: float, concurrency: int, seed: int | None, progress: bool,
+                samples: int, subset: tuple[str, ...], tiers: tuple[int, ...] | None) -> None:
+    """The model as the agent: one LocalEngine batching every concurrent trial's requests.
+
+    With several samples per task the seed is left to the engine, so samples differ."""
     from kwrl.engines.base import SamplingParams
     from kwrl.engines.local import LocalEngine
     from kwrl.harness.loop import Limits
     from kwrl.harness.model_agent import ModelAgent
-    from kwrl.harness.prompt import SMALL_MCP_TOOLS
     from kwrl.models import load_model
     from kwrl.render import ChatTemplateRenderer
     from kwrl.tools.host import ToolHost
@@ -222,26 +248,28 @@ def _eval_model(tasks: Path, out: Path, model_dir: Path, harness: HarnessName,
     limits = Limits(context_window=window, nudge_at=None)
     sampling = SamplingParams(max_tokens=limits.turn_token_cap, temperature=temperature,
                               seed=seed)
-    subset = SMALL_MCP_TOOLS if harness is HarnessName.MCP else None
+    subset = subset if harness is HarnessName.MCP else None
     with LocalEngine(checkpoint, tokenizer) as engine:
         agent = ModelAgent(engine, ChatTemplateRenderer(tokenizer), harness.value, limits,
                            tools_subset=subset, compact=True, sampling=sampling,
                            name=f"model:{model_dir.name}:{harness.value}")
         if harness is HarnessName.CODE:
-            _run_eval(tasks, out, agent, progress, None, concurrency)
+            _run_eval(tasks, out, agent, progress, None, concurrency, samples, tiers)
             return
         with ToolHost() as host:
-            _run_eval(tasks, out, agent, progress, McpServices(host), concurrency)
+            _run_eval(tasks, out, agent, progress, McpServices(host), concurrency, samples, tiers)
 
 
 def _run_eval(tasks: Path, out: Path, agent, progress: bool, services,
-              concurrency: int = 1) -> None:
+              concurrency: int = 1, samples: int = 1, tiers: tuple[int, ...] | None = None
+              ) -> None:
     from kwrl.eval.runner import SUMMARY_FILE, TRIALS_FILE, evaluate
     from kwrl.eval.summary import summary_table
 
     try:
         summary = evaluate(tasks, agent, out, progress=progress, console=console,
-                           services=services, concurrency=concurrency)
+                           services=services, concurrency=concurrency, samples=samples,
+                           tiers=tiers)
     except OSError as exc:
         _fail(f"could not write the run to {out}: {exc}")
     console.print(summary_table(summary))
@@ -347,6 +375,7 @@ def sft(
     lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-3,
     tiers: Annotated[str, typer.Option(help="Comma-separated tiers to learn from.")] = "1,2,3,4",
     seed: Annotated[int, typer.Option(help="Data order and init seed.")] = 0,
+    tools: Annotated[ToolSet, typer.Option(help="MCP tools the model sees.")] = ToolSet.SMALL,
 ) -> None:
     """Supervised fine-tuning on oracle demonstrations: each task's plan replayed through the
     real MCP harness, so the tapes are exactly the format the model later samples in."""
@@ -354,12 +383,10 @@ def sft(
 
     if out.exists() and any(out.iterdir()):
         _fail(f"{out} is not empty; choose a new output directory")
-    try:
-        chosen = tuple(int(t) for t in tiers.split(","))
-    except ValueError:
-        _fail(f"--tiers must be comma-separated integers, got {tiers!r}")
+    chosen = _parse_tiers(tiers)
     run_sft(_existing_dir(model, "model"), _existing_dir(tasks, "tasks"), out, steps=steps,
-            batch_size=batch_size, lr=lr, tiers=chosen, seed=seed, console=console)
+            batch_size=batch_size, lr=lr, tiers=chosen, seed=seed, console=console,
+            tools_subset=_tool_subset(tools))
 
 
 @app.command("serve")

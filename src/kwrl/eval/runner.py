@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kwrl.eval.summary import Summary, summarize
 from kwrl.sandbox.trial import Agent, SnapshotCache, TrialServices, run_trial
 from kwrl.types import TrialResult, TrialStatus
-from kwrl.worlds.taskdir import task_dirs
+from kwrl.worlds.taskdir import TaskFormatError, load_task, task_dirs
 
 TRIALS_FILE = "trials.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -38,17 +38,22 @@ def evaluate(
     console: Console | None = None,
     services: TrialServices | None = None,
     concurrency: int = 1,
+    samples: int = 1,
+    tiers: Sequence[int] | None = None,
 ) -> Summary:
     """Run `agent` once on every task under `tasks_root`; write trials and summary to `out`.
 
     `services` (e.g. MCP tool servers) are started and stopped around each trial's agent.
     `concurrency` trials run at once, each in its own thread (a model agent runs its own event
     loop there, and a batching engine serves them together); results keep the task order.
+    `samples` trials per task (pass@1 over all of them; `mixed_fraction` in the summary).
+    `tiers` keeps only tasks of those tiers (a task that does not load is kept: its error counts).
     """
     tasks_root, out = Path(tasks_root), Path(out)
     if not tasks_root.is_dir():
         raise FileNotFoundError(f"tasks directory not found: {tasks_root}")
-    dirs = task_dirs(tasks_root)
+    chosen = [d for d in task_dirs(tasks_root) if tiers is None or _tier(d) in (*tiers, None)]
+    dirs = [d for d in chosen for _ in range(max(1, samples))]
     out.mkdir(parents=True, exist_ok=True)
     before_cache: SnapshotCache = {}
     trials: list[TrialResult] = []
@@ -69,6 +74,13 @@ def evaluate(
     summary = summarize(trials, agent.name, tasks_root, time.perf_counter() - start)
     (out / SUMMARY_FILE).write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     return summary
+
+
+def _tier(task_dir: Path) -> int | None:
+    try:
+        return load_task(task_dir).tier
+    except TaskFormatError:
+        return None
 
 
 def trial_to_json(trial: TrialResult) -> dict[str, Any]:

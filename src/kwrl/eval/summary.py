@@ -45,6 +45,7 @@ class Summary:
     agent: str
     tasks_root: str
     n_tasks: int
+    """Distinct tasks (each attempted `samples_per_task` times)."""
     n_graded: int
     n_errors: int
     mean_score: float | None
@@ -56,6 +57,10 @@ class Summary:
     by_tier: Mapping[str, GroupStats]
     """Keyed by the tier as a string ("1".."4"), so the JSON keys match."""
     wall_sec: float
+    samples_per_task: int = 1
+    mixed_fraction: float | None = None
+    """Share of tasks whose graded samples include both a pass and a fail: where GRPO has signal
+    (None with one sample per task)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,10 +92,17 @@ def summarize(
         if t.status is TrialStatus.ERROR
     }
     by_boundary = Counter(e["boundary"] for e in errors.values())
+    outcomes: dict[str, set[bool]] = {}
+    for t in trials:
+        if t.status is TrialStatus.OK and t.grade is not None:
+            outcomes.setdefault(t.task_id, set()).add(t.grade.passed)
+    samples = max(Counter(t.task_id for t in trials).values(), default=1)
+    mixed = (sum(1 for o in outcomes.values() if len(o) == 2) / len(outcomes)
+             if samples > 1 and outcomes else None)
     return Summary(
         agent=agent,
         tasks_root=str(tasks_root),
-        n_tasks=overall.n,
+        n_tasks=len({t.task_id for t in trials}),
         n_graded=overall.n_graded,
         n_errors=overall.n_errors,
         mean_score=overall.mean_score,
@@ -100,6 +112,8 @@ def summarize(
         by_domain=_grouped(trials, lambda t: t.domain or UNKNOWN),
         by_tier=_grouped(trials, lambda t: str(t.tier) if t.tier else UNKNOWN),
         wall_sec=round(wall_sec, 3),
+        samples_per_task=samples,
+        mixed_fraction=mixed,
     )
 
 
@@ -124,11 +138,14 @@ def summary_table(summary: Summary) -> Table:
     table.add_section()
     for tier, stats in summary.by_tier.items():
         _add_row(table, f"tier {tier}", stats)
+    notes = [f"wall {summary.wall_sec} s"]
+    if summary.samples_per_task > 1 and summary.mixed_fraction is not None:
+        notes.insert(0, f"{summary.samples_per_task} samples per task, "
+                        f"{summary.mixed_fraction:.0%} of tasks with mixed outcomes")
     if summary.errors_by_boundary:
         by = ", ".join(f"{b} {n}" for b, n in summary.errors_by_boundary.items())
-        table.caption = f"errored trials are masked (by boundary: {by}); wall {summary.wall_sec} s"
-    else:
-        table.caption = f"wall {summary.wall_sec} s"
+        notes.insert(0, f"errored trials are masked (by boundary: {by})")
+    table.caption = "; ".join(notes)
     return table
 
 

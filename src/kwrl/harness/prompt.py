@@ -44,6 +44,13 @@ templates call (measured on a 60-task split), plus `filesystem_read` and `mail_s
 `compact` it renders in ~2.7k tokens of the 512-token test vocabulary (all 43 tools: ~7k compact,
 ~15k in full), so the tiny model's 4k window keeps room to work."""
 
+LOOKUP_MCP_TOOLS: tuple[str, ...] = (
+    "filesystem_find", "pdf_search", "sheets_search", "docs_search", "chat_search",
+    "calendar_search",
+)  # fmt: skip
+"""The search tools that answer every tier-1 and tier-2 task: the curriculum's first stage for
+a tiny model, whose whole prompt must stay short."""
+
 _THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")

@@ -26,7 +26,8 @@ from kwrl.train.sft import SftConfig, train_sft
 
 
 def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: int, lr: float,
-            tiers: Sequence[int], seed: int, console: Console | None = None) -> Path:
+            tiers: Sequence[int], seed: int, console: Console | None = None,
+            tools_subset: Sequence[str] = SMALL_MCP_TOOLS) -> Path:
     console = console or Console()
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
@@ -36,7 +37,7 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
     limits = Limits(context_window=window, nudge_at=None)
     with _bar(console, "demonstrations") as (bar, job), ToolHost() as host:
         demos = build_demonstrations(
-            tasks, renderer, host, limits, SMALL_MCP_TOOLS, tiers=tiers,
+            tasks, renderer, host, limits, tools_subset, tiers=tiers,
             progress=lambda done, total: bar.update(job, completed=done, total=total))
     if not demos.examples:
         raise ValueError(f"no demonstrations from {tasks}: {dict(demos.skipped)}")
@@ -51,6 +52,7 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
     tokenizer.save_pretrained(out)
     record = {
         "base_model": str(model_dir), "tasks": str(tasks), "tiers": list(tiers),
+        "tools": list(tools_subset),
         "config": config.__dict__, "examples": len(demos.examples),
         "skipped": dict(demos.skipped), "losses": losses,
         "wall_s": round(time.perf_counter() - start, 1),
