@@ -31,6 +31,8 @@ responses raise EngineError.
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from typing import Any, Literal
 
 import httpx
@@ -87,10 +89,23 @@ class HttpEngine:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
-                                         headers=headers, transport=transport)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._transport = transport
+        # An httpx client belongs to the event loop it was first used on, and the harness runs
+        # one loop per trial (several at once): one client per loop, dropped with its loop.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary())
         self._version = 0
+
+    @property
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s,
+                                       headers=self._headers, transport=self._transport)
+            self._clients[loop] = client
+        return client
 
     @property
     def policy_version(self) -> int:
@@ -109,7 +124,10 @@ class HttpEngine:
         return completion
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        """Close this event loop's client (clients of finished loops go with their loops)."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
 
     async def _served_model(self) -> str:
         try:
