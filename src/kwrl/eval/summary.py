@@ -150,8 +150,10 @@ def summary_table(summary: Summary) -> Table:
 
 
 def _overall(summary: Summary) -> GroupStats:
+    """The overall row counts trials, like every other row (tasks x samples)."""
+    trials = summary.n_graded + summary.n_errors
     return GroupStats(
-        summary.n_tasks, summary.n_graded, summary.n_errors, summary.mean_score, summary.pass_at_1
+        trials, summary.n_graded, summary.n_errors, summary.mean_score, summary.pass_at_1
     )
 
 
