@@ -32,6 +32,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_generate.py
 	$(BIN)/python benchmarks/bench_grade.py
 	$(BIN)/python benchmarks/bench_tools.py
+	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -115,15 +115,16 @@ def main() -> None:
     for batch in args.batches:
         prompts = prompts_for(batch, args.prompt, vocab, seed=batch)
         hf_s = hf_generate(model, prompts, args.new)
-        busy, prefill = engine.stats.busy_seconds, engine.stats.prefill_seconds
+        prefill = engine.stats.prefill_seconds
         engine_s, completions = engine_generate(engine, prompts, args.new)
-        busy, prefill = engine.stats.busy_seconds - busy, engine.stats.prefill_seconds - prefill
+        # (busy_seconds is updated after the results are delivered: use the wall time instead)
+        prefill = engine.stats.prefill_seconds - prefill
         tokens = batch * args.new
         ratio = hf_s / engine_s
         print(f"batch {batch:3d}: HF generate {tokens / hf_s:8.0f} tok/s | engine "
               f"{tokens / engine_s:8.0f} tok/s | ratio {ratio:5.2f}x "
               f"(target {TARGET_RATIO:.0f}x) | engine prefill {prefill:.2f} s, "
-              f"decode {busy - prefill:.2f} s, HF total {hf_s:.2f} s")
+              f"rest (decode) {engine_s - prefill:.2f} s, HF total {hf_s:.2f} s")
     diff = max_logprob_diff(model, prompts, completions)
     print(f"max |engine logprob - forward log-softmax| over {len(completions)} completions: "
           f"{diff:.2e} (target < {TARGET_LOGPROB_DIFF:.0e})")
