@@ -102,18 +102,17 @@ def assert_tape_is_what_the_engine_received(episode: Episode, engine: ScriptedEn
 
 
 @cache
-def test_renderer() -> ChatTemplateRenderer:
+def shared_renderer() -> ChatTemplateRenderer:
     """The real renderer over the sample-corpus tokenizer, built once per session."""
     tokenizer: PreTrainedTokenizerFast = build_tokenizer(sample_corpus(), vocab_size=512)
     return ChatTemplateRenderer(tokenizer)
 
 
-test_renderer.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
 @pytest.fixture(scope="module")
 def renderer() -> ChatTemplateRenderer:
-    return test_renderer()
+    return shared_renderer()
 
 
 FAKE_TOOLS = [

@@ -10,7 +10,7 @@ import pytest
 from test_harness_loop import (
     ScriptedEngine,
     assert_tape_is_what_the_engine_received,
-    test_renderer,
+    shared_renderer,
     tool_call,
 )
 from test_tools_host import APPS, PRELOAD
@@ -34,7 +34,7 @@ ROOMY = Limits(context_window=1 << 16, nudge_at=None)
 
 @pytest.fixture(scope="module")
 def renderer() -> ChatTemplateRenderer:
-    return test_renderer()
+    return shared_renderer()
 
 
 @pytest.fixture(scope="module")
