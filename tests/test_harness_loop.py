@@ -108,8 +108,6 @@ def shared_renderer() -> ChatTemplateRenderer:
     return ChatTemplateRenderer(tokenizer)
 
 
-
-
 @pytest.fixture(scope="module")
 def renderer() -> ChatTemplateRenderer:
     return shared_renderer()
