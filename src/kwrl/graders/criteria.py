@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from kwrl.graders.content import (
     check_content,
@@ -49,6 +49,8 @@ from kwrl.graders.params import (
 )
 from kwrl.graders.snapshot import Snapshot, SnapshotDiff, diff_snapshots, normalize_path
 from kwrl.types import Criterion, CriterionKind, CriterionResult
+
+C = TypeVar("C")
 
 MAX_LISTED = 5
 
@@ -125,14 +127,22 @@ def _wrong_type(path: str, content: Extracted, wanted: str) -> str:
     return f"{path} holds {content.kind} content, not {wanted}"
 
 
+def _after_as(ctx: GradingContext, path: str, kind: type[C], wanted: str) -> C | str:
+    """The workspace's `path` after the agent, extracted as `kind`; else why it is not."""
+    content = _after_file(ctx, path)
+    if isinstance(content, ExtractionError):
+        return _unreadable(content)
+    if not isinstance(content, kind):
+        return _wrong_type(path, content, wanted)
+    return content
+
+
 def check_file_cell(
     criterion: Criterion, p: FileCellParams, ctx: GradingContext
 ) -> CriterionResult:
-    content = _after_file(ctx, p.path)
-    if isinstance(content, ExtractionError):
-        return _result(criterion, False, _unreadable(content))
-    if not isinstance(content, XlsxContent):
-        return _result(criterion, False, _wrong_type(p.path, content, "a spreadsheet"))
+    content = _after_as(ctx, p.path, XlsxContent, "a spreadsheet")
+    if isinstance(content, str):
+        return _result(criterion, False, content)
     if p.sheet not in content.sheets:
         sheets = ", ".join(repr(s) for s in content.sheets)
         return _result(criterion, False, f"{p.path} has no sheet {p.sheet!r} (sheets: {sheets})")
@@ -197,11 +207,9 @@ def check_file_paragraph(
 def check_file_table_cell(
     criterion: Criterion, p: FileTableCellParams, ctx: GradingContext
 ) -> CriterionResult:
-    content = _after_file(ctx, p.path)
-    if isinstance(content, ExtractionError):
-        return _result(criterion, False, _unreadable(content))
-    if not isinstance(content, DocxContent):
-        return _result(criterion, False, _wrong_type(p.path, content, "a Word document"))
+    content = _after_as(ctx, p.path, DocxContent, "a Word document")
+    if isinstance(content, str):
+        return _result(criterion, False, content)
     where = f"{p.path} table {p.table} row {p.row} col {p.col}"
     text = _grid_cell(content.tables[p.table] if p.table < len(content.tables) else None, p)
     if text is None:
@@ -226,11 +234,9 @@ def _grid_size(rows: tuple[tuple[str, ...], ...]) -> str:
 def check_file_slide_shape(
     criterion: Criterion, p: FileSlideShapeParams, ctx: GradingContext
 ) -> CriterionResult:
-    content = _after_file(ctx, p.path)
-    if isinstance(content, ExtractionError):
-        return _result(criterion, False, _unreadable(content))
-    if not isinstance(content, PptxContent):
-        return _result(criterion, False, _wrong_type(p.path, content, "a slide deck"))
+    content = _after_as(ctx, p.path, PptxContent, "a slide deck")
+    if isinstance(content, str):
+        return _result(criterion, False, content)
     if p.slide > len(content.slides):
         return _result(
             criterion, False, f"{p.path} has {len(content.slides)} slides; no slide {p.slide}"
