@@ -40,6 +40,7 @@ def evaluate(
     concurrency: int = 1,
     samples: int = 1,
     tiers: Sequence[int] | None = None,
+    max_tasks: int = 0,
 ) -> Summary:
     """Run `agent` once on every task under `tasks_root`; write trials and summary to `out`.
 
@@ -48,11 +49,13 @@ def evaluate(
     loop there, and a batching engine serves them together); results keep the task order.
     `samples` trials per task (pass@1 over all of them; `mixed_fraction` in the summary).
     `tiers` keeps only tasks of those tiers (a task that does not load is kept: its error counts).
+    `max_tasks` keeps the first N of those, by id (0: all).
     """
     tasks_root, out = Path(tasks_root), Path(out)
     if not tasks_root.is_dir():
         raise FileNotFoundError(f"tasks directory not found: {tasks_root}")
     chosen = [d for d in task_dirs(tasks_root) if tiers is None or _tier(d) in (*tiers, None)]
+    chosen = chosen[:max_tasks] if max_tasks else chosen
     dirs = [d for d in chosen for _ in range(max(1, samples))]
     out.mkdir(parents=True, exist_ok=True)
     before_cache: SnapshotCache = {}

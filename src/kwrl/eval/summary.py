@@ -66,6 +66,13 @@ class Summary:
         return asdict(self)
 
 
+def summary_from_json(data: Mapping[str, Any]) -> Summary:
+    """The inverse of `Summary.to_json` (a `summary.json` read back)."""
+    groups = {key: {name: GroupStats(**stats) for name, stats in data[key].items()}
+              for key in ("by_domain", "by_tier")}
+    return Summary(**{**data, **groups})
+
+
 def group_stats(trials: Iterable[TrialResult]) -> GroupStats:
     """Mean score and pass@1 over the graded trials of a group; errors counted, not scored."""
     trials = list(trials)

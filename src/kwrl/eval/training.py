@@ -1,0 +1,259 @@
+"""`kwrl train` and `kwrl overfit`: a training run with held-out evaluations around it.
+
+From one `RunConfig`, start to finish:
+
+1. the splits: generated when their directory is absent (`data.train`, `data.test`);
+2. the policy: `model.path`, built when absent (`model.build`: the tiny model, fine-tuned on the
+   train split's oracle demonstrations);
+3. a held-out evaluation before training (`eval.before`), without the context nudge;
+4. the RL loop (`kwrl.train.loop.RLLoop`): one engine samples, the trainer updates a separate
+   copy of the weights and pushes them after every step; checkpoints, `--resume`;
+5. the held-out evaluation after training, the before/after table (mean score, pass@1, by domain
+   and tier), `report.json` and the learning-curve plot, all under `run.out`.
+
+It lives in `kwrl.eval` because it reports evaluations; the training itself is `kwrl.train`'s.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from kwrl.engines.base import SamplingParams
+from kwrl.engines.local import LocalEngine
+from kwrl.eval.runner import evaluate
+from kwrl.eval.summary import Summary, summary_from_json
+from kwrl.harness.model_agent import ModelAgent
+from kwrl.models import load_model
+from kwrl.render import ChatTemplateRenderer
+from kwrl.tools.host import ToolHost
+from kwrl.tools.services import McpServices
+from kwrl.train.config import RunConfig, SplitSpec, dump_config
+from kwrl.train.loop import LoopSettings, RLLoop
+from kwrl.train.plot import EvalPoint, plot_learning_curve
+from kwrl.train.rollouts import TaskStream
+from kwrl.train.tiny import build_tiny_policy
+from kwrl.train.tracking import TrainingProgress, lookup, read_metrics
+from kwrl.train.trainer import Trainer, TrainerConfig
+from kwrl.worlds.split import generate_split
+from kwrl.worlds.taskdir import TaskFormatError, load_task, task_dirs
+
+REPORT_FILE = "report.json"
+CURVE_FILE = "learning_curve.png"
+
+
+@dataclass
+class TrainingReport:
+    run_dir: Path
+    steps: int
+    wall_s: float
+    before: Summary | None = None
+    after: Summary | None = None
+    rewards: list[float | None] = field(default_factory=list)
+    """Mean training reward per step run (None: every trial of the step errored)."""
+    stopped_early: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": str(self.run_dir), "steps": self.steps, "wall_s": round(self.wall_s, 1),
+            "before": self.before.to_json() if self.before else None,
+            "after": self.after.to_json() if self.after else None,
+            "train_reward": self.rewards, "stopped_early": self.stopped_early,
+        }
+
+
+def ensure_split(spec: SplitSpec, split: str, console: Console) -> Path:
+    """The split directory, generated from `spec` when it holds no tasks yet."""
+    if spec.dir.is_dir() and task_dirs(spec.dir):
+        return spec.dir
+    if not spec.generate:
+        raise FileNotFoundError(f"no tasks under {spec.dir} (and generate = false)")
+    console.print(f"generating the {split} split: {spec.tasks} tasks -> {spec.dir}")
+    generate_split(split, spec.tasks, spec.seed, spec.dir, files_per_world=spec.files_per_world,
+                   distractors=spec.distractors)
+    return spec.dir
+
+
+def select_tasks(root: Path, tiers: Sequence[int], limit: int = 0) -> list[Path]:
+    """Task directories under `root` in `tiers`, by id; the first `limit` (0: all)."""
+    chosen = []
+    for task_dir in task_dirs(root):
+        try:
+            tier = load_task(task_dir).tier
+        except TaskFormatError:
+            continue  # a broken task cannot train; evaluations report it
+        if tier in tiers:
+            chosen.append(task_dir)
+    if not chosen:
+        raise ValueError(f"no tasks of tiers {list(tiers)} under {root}")
+    return chosen[:limit] if limit else chosen
+
+
+def ensure_model(cfg: RunConfig, train_dir: Path, console: Console) -> Path:
+    """`model.path`, built from `model.build` when it does not exist yet."""
+    path = cfg.model.path
+    if (path / "config.json").is_file():
+        return path
+    build = cfg.model.build
+    if build.kind == "never":
+        raise FileNotFoundError(f"no model at {path} (and model.build.kind = never)")
+    console.print(f"building the tiny policy ({build.kind}) -> {path}")
+    return build_tiny_policy(path, train_dir, sft=build.kind == "tiny_sft",
+                             vocab_size=build.vocab_size, steps=build.sft_steps,
+                             batch_size=build.sft_batch_size, lr=build.sft_lr,
+                             tiers=build.sft_tiers, seed=cfg.run.seed, console=console)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def trainer_config(cfg: RunConfig) -> TrainerConfig:
+    o, a = cfg.optim, cfg.algorithm
+    return TrainerConfig(
+        loss=a.loss, loss_kwargs=a.resolved_loss_kwargs(), reduction=a.reduction,
+        lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
+        total_steps=cfg.run.steps if o.schedule == "cosine" else None, grad_clip=o.grad_clip,
+        micro_batch_tokens=o.micro_batch_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+        lora_rank=o.lora_rank, lora_alpha=o.lora_alpha, lora_dropout=o.lora_dropout,
+        dtype=cfg.model.dtype)
+
+
+def run_training(cfg: RunConfig, console: Console | None = None, *,
+                 keep_all_groups: bool = False) -> TrainingReport:
+    """The whole run described in the module docstring; returns (and writes) its report."""
+    console = console or Console()
+    started = time.perf_counter()
+    run_dir = cfg.run.out
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(dump_config(cfg))
+    torch.manual_seed(cfg.run.seed)
+
+    train_root = ensure_split(cfg.data.train, "train", console)
+    test_root = ensure_split(cfg.data.test, "test", console) if _evaluates(cfg) else None
+    tasks = select_tasks(train_root, cfg.data.tiers, cfg.data.train.max_tasks)
+    model_dir = ensure_model(cfg, train_root, console)
+
+    device = _device(cfg.model.device)
+    model, tokenizer = load_model(model_dir, device=device, dtype=torch.float32)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    engine_model = copy.deepcopy(model)
+    trainer = Trainer(model, trainer_config(cfg), device=device)
+    window = int(getattr(model.config, "max_position_embeddings", 4096))
+    renderer = ChatTemplateRenderer(tokenizer)
+    report = TrainingReport(run_dir, 0, 0.0)
+
+    with ExitStack() as stack:
+        engine = stack.enter_context(LocalEngine(engine_model, tokenizer, seed=cfg.run.seed))
+        services = None
+        if cfg.harness.name == "mcp":
+            services = McpServices(stack.enter_context(ToolHost()))
+
+        def agent(nudge: bool, temperature: float, name: str) -> ModelAgent:
+            h = cfg.harness
+            return ModelAgent(
+                engine, renderer, h.name, h.limits(window, nudge=nudge),
+                tools_subset=h.tool_subset(), compact=True, name=name,
+                sampling=SamplingParams(max_tokens=h.turn_token_cap, temperature=temperature,
+                                        top_p=h.top_p))
+
+        def held_out(tag: str) -> Summary:
+            assert test_root is not None
+            console.print(f"held-out evaluation ({tag}) on {test_root}")
+            return evaluate(test_root, agent(cfg.eval.nudge, cfg.eval.temperature, tag),
+                            run_dir / f"eval-{tag}", console=console, services=services,
+                            concurrency=cfg.harness.concurrency, samples=cfg.eval.samples,
+                            tiers=cfg.eval.tiers, max_tasks=cfg.data.test.max_tasks)
+
+        settings = LoopSettings(
+            tasks_per_step=cfg.data.tasks_per_step, group_size=cfg.data.group_size,
+            max_draws=cfg.data.tasks_per_step + cfg.data.max_resample * cfg.data.tasks_per_step,
+            advantage=cfg.algorithm.advantage,
+            advantage_kwargs=cfg.algorithm.advantage_kwargs(),
+            concurrency=cfg.harness.concurrency,
+            keep_all_groups=keep_all_groups or cfg.data.max_resample == 0,
+            checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints)
+        loop = RLLoop(trainer, engine,
+                      agent(True, cfg.harness.temperature, f"train:{model_dir.name}"),
+                      TaskStream(tasks, cfg.run.seed), run_dir, settings, services=services)
+        resumed = cfg.run.resume and loop.resume()
+        if resumed:
+            console.print(f"resumed {run_dir} after step {loop.step}")
+        if cfg.eval.before and test_root is not None and not resumed:
+            report.before = held_out("before")
+        elif resumed and (run_dir / "eval-before" / "summary.json").is_file():
+            report.before = _read_summary(run_dir / "eval-before")
+
+        target = cfg.run.target_reward
+        progress = TrainingProgress(cfg.run.steps, console, start_step=loop.step)
+        with progress:
+            history = loop.run(
+                cfg.run.steps, on_step=progress.update,
+                stop_when=None if target is None else (
+                    lambda m: (lookup(m, "reward/mean") or 0.0) >= target))
+        report.steps = loop.step
+        report.stopped_early = loop.step < cfg.run.steps
+        report.rewards = [lookup(m, "reward/mean") for m in history]
+        if cfg.eval.after and test_root is not None:
+            report.after = held_out("after")
+
+    report.wall_s = time.perf_counter() - started
+    (run_dir / REPORT_FILE).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    points = [EvalPoint(0, s.mean_score or 0.0, s.pass_at_1 or 0.0, label)
+              for label, s in (("before", report.before),) if s is not None]
+    if report.after is not None:
+        points.append(EvalPoint(report.steps, report.after.mean_score or 0.0,
+                                report.after.pass_at_1 or 0.0, "after"))
+    plot_learning_curve(read_metrics(run_dir), run_dir / CURVE_FILE, points)
+    return report
+
+
+def _evaluates(cfg: RunConfig) -> bool:
+    return cfg.eval.before or cfg.eval.after
+
+
+def _read_summary(path: Path) -> Summary | None:
+    try:
+        return summary_from_json(json.loads((path / "summary.json").read_text()))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def comparison_table(report: TrainingReport) -> Table:
+    """Before/after: mean score and pass@1, overall, by domain and by tier."""
+    table = Table(title=f"kwrl train: held-out before / after {report.steps} steps")
+    for column in ("group", "mean before", "mean after", "pass@1 before", "pass@1 after"):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    before, after = report.before, report.after
+
+    def row(label: str, b: Any, a: Any) -> None:
+        table.add_row(label, _fmt(b and b.mean_score), _fmt(a and a.mean_score),
+                      _fmt(b and b.pass_at_1), _fmt(a and a.pass_at_1))
+
+    row("overall", before, after)
+    for key, attr in (("domain", "by_domain"), ("tier", "by_tier")):
+        names = sorted({*getattr(before, attr, {}), *getattr(after, attr, {})})
+        if names:
+            table.add_section()
+        for name in names:
+            row(f"{key} {name}", getattr(before, attr, {}).get(name),
+                getattr(after, attr, {}).get(name))
+    table.caption = f"{report.steps} steps in {report.wall_s:.0f} s"
+    return table
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,184 @@
+"""The RL loop: collect trajectory groups, compute advantages, train, push weights, checkpoint.
+
+One step (synchronous; the producer and the trainer alternate):
+
+1. *Collect*: `tasks_per_step` groups of G trials each, sampled by the engine's current policy
+   through the real harness and graded (`rollouts.collect_groups`): error trials masked, groups
+   without reward variance dropped and replaced by fresh tasks, up to `max_draws` tasks.
+2. *Advantages*: `kwrl.rl.ADVANTAGES[advantage]` over each group's valid trials (error trials
+   never reach the trainer).
+3. *Train*: one optimizer step of the algorithm-blind `Trainer` on the tapes
+   (`PolicySample`: ids, loss mask, the sampler's logprobs, the advantage, the group).
+4. *Push*: the new weights go to the engine (`update_weights`), which bumps the policy version
+   stamped on every token sampled after it.
+5. *Record*: one metrics line per step (rollout rewards, pass rate, stop reasons, errors,
+   lengths, turns, the trainer's loss terms and mismatch, timings); a checkpoint every
+   `checkpoint_every` steps with the data position (`TaskStream.state`).
+
+Groups pass through a `GroupQueue` stamped with policy versions, so making the producer run
+ahead of the trainer (async RL, Ray actors) changes who calls `collect`, not this contract.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from kwrl.rl import ADVANTAGES
+from kwrl.sandbox.trial import Agent, TrialServices
+from kwrl.train.checkpoint import resume, save_checkpoint
+from kwrl.train.rollouts import GroupQueue, StampedGroup, TaskStream, collect_groups, reward
+from kwrl.train.tracking import MetricsLogger, trial_metrics
+from kwrl.train.trainer import PolicySample, Trainer
+
+
+class WeightSink(Protocol):
+    """Where new policy weights go: the inference engine (local or behind HTTP)."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int: ...
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    tasks_per_step: int = 8
+    group_size: int = 8
+    max_draws: int | None = None
+    """Tasks drawn per step at most, replacements included (default 4 x tasks_per_step)."""
+    advantage: str = "grpo"
+    advantage_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    concurrency: int = 16
+    keep_all_groups: bool = False
+    """Train on groups without signal too (they have zero advantage: only metrics change)."""
+    checkpoint_every: int = 10
+    """Steps between checkpoints (0: only the last step's)."""
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
+        if self.tasks_per_step < 1 or self.group_size < 2:
+            raise ValueError("tasks_per_step >= 1 and group_size >= 2 are needed")
+
+
+def policy_samples(groups: Sequence[StampedGroup], advantage: str,
+                   advantage_kwargs: Mapping[str, Any] | None = None) -> list[PolicySample]:
+    """The valid trials of `groups` as trainer samples, with per-group advantages."""
+    rewards: list[float] = []
+    group_ids: list[int] = []
+    tapes = []
+    for g, stamped in enumerate(groups):
+        for trial in stamped.valid:
+            rewards.append(reward(trial))
+            group_ids.append(g)
+            tapes.append(trial.trajectory)
+    if not tapes:
+        return []
+    advantages = ADVANTAGES[advantage](
+        torch.tensor(rewards, dtype=torch.float64), torch.tensor(group_ids),
+        **dict(advantage_kwargs or {}))
+    return [
+        PolicySample(tape.token_ids_T, tape.loss_mask_T, tape.logprobs_T, float(a), g)
+        for tape, a, g in zip(tapes, advantages.tolist(), group_ids, strict=True)
+    ]
+
+
+class RLLoop:
+    """Synchronous RL over a task stream; `run` resumes from the run directory's checkpoint."""
+
+    def __init__(self, trainer: Trainer, engine: WeightSink, agent: Agent, stream: TaskStream,
+                 run_dir: Path, settings: LoopSettings | None = None, *,
+                 services: TrialServices | None = None, tensorboard: bool = True) -> None:
+        self.trainer = trainer
+        self.engine = engine
+        self.agent = agent
+        self.stream = stream
+        self.run_dir = Path(run_dir)
+        self.settings = settings or LoopSettings()
+        self.services = services
+        self.tensorboard = tensorboard
+        self.queue = GroupQueue(max_staleness=0)
+        self.step = 0
+        """Steps completed (the next step's index)."""
+
+    def resume(self) -> bool:
+        """Restore the latest complete checkpoint of the run directory, if any: weights,
+        optimizer, RNG, step and data position; push the weights to the engine."""
+        checkpoint = resume(self.run_dir, self.trainer)
+        if checkpoint is None:
+            return False
+        self.step = int(checkpoint.extra["loop_step"])
+        self.stream.load_state(checkpoint.extra["data"])
+        self.engine.update_weights(self.trainer.policy_state_dict())
+        return True
+
+    def run(self, steps: int, on_step: Callable[[int, dict[str, Any]], None] | None = None,
+            stop_when: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
+        """Run until `steps` steps are done (counting those before a resume) or `stop_when`
+        says so after a step; return the metrics of the steps run now."""
+        history: list[dict[str, Any]] = []
+        resume_step = self.step if self.step else None
+        with MetricsLogger(self.run_dir, tensorboard=self.tensorboard,
+                           resume_step=resume_step) as logger:
+            while self.step < steps:
+                metrics = self.train_one_step()
+                self.step += 1
+                logger.log(self.step, metrics)
+                history.append(metrics)
+                last = self.step == steps or (stop_when is not None and stop_when(metrics))
+                every = self.settings.checkpoint_every
+                if last or (every and self.step % every == 0):
+                    self.save()
+                if on_step is not None:
+                    on_step(self.step, metrics)
+                if last:
+                    break
+        return history
+
+    def save(self) -> Path:
+        """A checkpoint of this step. The loop's step is kept beside the trainer's: a step whose
+        groups all lacked signal trains nothing, so the two counts can differ."""
+        extra = {"loop_step": self.step, "data": self.stream.state()}
+        return save_checkpoint(self.run_dir, self.trainer, extra=extra,
+                               keep=self.settings.keep_checkpoints).path
+
+    def train_one_step(self) -> dict[str, Any]:
+        s = self.settings
+        started = time.perf_counter()
+        collection = collect_groups(
+            self.stream, self.agent, s.tasks_per_step, s.group_size, services=self.services,
+            concurrency=s.concurrency, max_draws=s.max_draws,
+            policy_version=lambda: self.engine.policy_version, keep_all=s.keep_all_groups)
+        for group in collection.kept:
+            self.queue.put(group)
+        groups = self.queue.get(self.queue.qsize(), self.engine.policy_version, timeout_s=0)
+        rollout_s = time.perf_counter() - started
+        samples = policy_samples(groups, s.advantage, s.advantage_kwargs)
+        train: dict[str, float] = {}
+        sync_s = train_s = 0.0
+        if samples:
+            t = time.perf_counter()
+            train = self.trainer.train_step(samples)
+            train_s = time.perf_counter() - t
+            t = time.perf_counter()
+            self.engine.update_weights(self.trainer.policy_state_dict())
+            sync_s = time.perf_counter() - t
+        metrics = trial_metrics(collection.trials)
+        metrics["groups"] = {
+            **metrics.get("groups", {}), "kept": len(groups), "drawn": collection.draws,
+            "dropped_no_signal": collection.dropped_no_signal,
+            "dropped_stale": self.queue.dropped_stale,
+        }
+        metrics["train"] = train
+        metrics["policy_version"] = self.engine.policy_version
+        metrics["data"] = self.stream.state()
+        metrics["time"] = {"rollout": rollout_s, "train": train_s, "sync": sync_s,
+                           "step": time.perf_counter() - started}
+        return metrics

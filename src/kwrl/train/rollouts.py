@@ -1,0 +1,203 @@
+"""Rollouts for RL: groups of trials per task, a queue stamped with policy versions, a task stream.
+
+One training step consumes `tasks_per_step` *trajectory groups*: G trials of one task, sampled
+from the same prompt by the current policy. The producer side (`collect_groups`) runs trials
+concurrently in threads, exactly as an evaluation does (each model agent runs its own event loop
+and one batching engine serves them all), then keeps a group only if it can teach something:
+
+- trials that ended in `error` (a crashed tool server, an engine failure, a grader fault) are
+  *masked*: they are not the policy's fault, so they neither train nor count in the group's
+  reward statistics; they are recorded, with their reason, in the step's metrics;
+- a group whose valid trials all got the same reward (all right, all wrong) has zero advantage
+  everywhere under GRPO/RLOO: it is dropped, and another task is drawn in its place, up to
+  `max_draws` tasks per step, so a step is not starved when the policy is too weak or too strong.
+
+Groups travel through a `GroupQueue` stamped with the policy version that sampled them (the
+oldest token's version). In the synchronous loop the producer fills the queue and the trainer
+empties it every step (staleness 0); the asynchronous trainer of a later issue runs the producer
+in its own thread or Ray actor and bounds the staleness with `max_staleness`, with no change to
+this contract.
+
+`TaskStream` is the data position: a seeded, reshuffled-per-epoch order of task directories and
+a cursor; its `state()` goes into every checkpoint, so a resumed run draws exactly the tasks the
+killed run would have drawn next.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kwrl.sandbox.trial import Agent, TrialServices, run_trial
+from kwrl.types import TrajectoryGroup, TrialResult, TrialStatus
+
+
+@dataclass(frozen=True)
+class StampedGroup:
+    """A trajectory group and the policy version that sampled it."""
+
+    group: TrajectoryGroup
+    policy_version: int
+    """The oldest policy version of any sampled token in the group (-1: no tokens)."""
+
+    @property
+    def valid(self) -> tuple[TrialResult, ...]:
+        return valid_trials(self.group)
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return tuple(reward(t) for t in self.valid)
+
+
+def reward(trial: TrialResult) -> float:
+    """The trial's grade score (0.0 for a graded trial without a grade, which cannot happen)."""
+    return trial.grade.score if trial.grade is not None else 0.0
+
+
+def valid_trials(group: TrajectoryGroup) -> tuple[TrialResult, ...]:
+    """Trials that can train: graded (not `error`) and with a token tape."""
+    return tuple(t for t in group.trials
+                 if t.status is not TrialStatus.ERROR and t.trajectory is not None)
+
+
+def group_version(group: TrajectoryGroup) -> int:
+    versions = [v for t in group.trials if t.trajectory is not None
+                for v in t.trajectory.policy_version_T if v >= 0]
+    return min(versions, default=-1)
+
+
+def has_signal(group: TrajectoryGroup, min_valid: int = 2) -> bool:
+    """At least `min_valid` valid trials whose rewards are not all equal."""
+    rewards = [reward(t) for t in valid_trials(group)]
+    return len(rewards) >= min_valid and max(rewards) > min(rewards)
+
+
+class GroupQueue:
+    """A thread-safe FIFO of stamped groups; `get` drops groups older than the staleness bound."""
+
+    def __init__(self, max_staleness: int | None = 0) -> None:
+        self.max_staleness = max_staleness
+        self._queue: queue.Queue[StampedGroup] = queue.Queue()
+        self.dropped_stale = 0
+
+    def put(self, group: StampedGroup) -> None:
+        self._queue.put(group)
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def get(self, n: int, current_version: int, timeout_s: float | None = None
+            ) -> list[StampedGroup]:
+        """The next `n` groups sampled at most `max_staleness` versions before `current_version`
+        (older ones are counted in `dropped_stale` and skipped). Raises `queue.Empty` when
+        fewer than `n` fresh groups arrive within `timeout_s` (None: wait forever)."""
+        taken: list[StampedGroup] = []
+        while len(taken) < n:
+            item = self._queue.get(timeout=timeout_s)
+            stale = (self.max_staleness is not None and item.policy_version >= 0
+                     and current_version - item.policy_version > self.max_staleness)
+            if stale:
+                self.dropped_stale += 1
+            else:
+                taken.append(item)
+        return taken
+
+
+class TaskStream:
+    """An endless, seeded stream of task directories: reshuffled every epoch, resumable."""
+
+    def __init__(self, task_dirs: Sequence[Path], seed: int) -> None:
+        if not task_dirs:
+            raise ValueError("no tasks to train on")
+        self.task_dirs = list(task_dirs)
+        self.seed = seed
+        self.epoch = 0
+        self.cursor = 0
+        self._order = self._shuffled(0)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self.task_dirs)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next(self) -> Path:
+        if self.cursor == len(self._order):
+            self.epoch, self.cursor = self.epoch + 1, 0
+            self._order = self._shuffled(self.epoch)
+        task_dir = self.task_dirs[self._order[self.cursor]]
+        self.cursor += 1
+        return task_dir
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "n_tasks": len(self.task_dirs)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if int(state["n_tasks"]) != len(self.task_dirs):
+            raise ValueError(f"the checkpoint's task list had {state['n_tasks']} tasks, this one "
+                             f"has {len(self.task_dirs)}: resume with the same data")
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._order = self._shuffled(self.epoch)
+
+
+@dataclass
+class Collection:
+    """What one round of collection produced: kept groups, and everything else, counted."""
+
+    kept: list[StampedGroup] = field(default_factory=list)
+    trials: list[TrialResult] = field(default_factory=list)
+    """Every trial run this round (kept groups, dropped groups, errors), for metrics."""
+    dropped_no_signal: int = 0
+    draws: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    """Error boundary -> count of masked trials."""
+
+
+def collect_groups(
+    stream: TaskStream | Callable[[], Path],
+    agent: Agent,
+    n_groups: int,
+    group_size: int,
+    *,
+    services: TrialServices | None = None,
+    concurrency: int = 8,
+    max_draws: int | None = None,
+    policy_version: Callable[[], int] | None = None,
+    keep_all: bool = False,
+) -> Collection:
+    """Draw tasks until `n_groups` groups with signal are kept (or `max_draws` tasks were drawn,
+    default 4x `n_groups`). Each wave runs G trials of each still-missing task concurrently.
+
+    `keep_all` keeps groups without signal too (an overfit run or an eval wants every group).
+    """
+    if n_groups < 1 or group_size < 1:
+        raise ValueError("n_groups and group_size must be at least 1")
+    draw = stream.next if isinstance(stream, TaskStream) else stream
+    max_draws = max_draws if max_draws is not None else 4 * n_groups
+    out = Collection()
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        while len(out.kept) < n_groups and out.draws < max_draws:
+            wave = [draw() for _ in range(min(n_groups - len(out.kept), max_draws - out.draws))]
+            out.draws += len(wave)
+            trials = list(pool.map(lambda d: run_trial(d, agent, services=services),
+                                   [d for d in wave for _ in range(group_size)]))
+            out.trials.extend(trials)
+            for k in range(len(wave)):
+                members = tuple(trials[k * group_size:(k + 1) * group_size])
+                group = TrajectoryGroup(members[0].task_id, members)
+                for t in members:
+                    if t.status is TrialStatus.ERROR:
+                        out.errors[str(t.error_boundary or "unknown")] += 1
+                if keep_all or has_signal(group):
+                    version = group_version(group)
+                    if version < 0 and policy_version is not None:
+                        version = policy_version()
+                    out.kept.append(StampedGroup(group, version))
+                else:
+                    out.dropped_no_signal += 1
+    return out

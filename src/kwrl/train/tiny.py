@@ -1,0 +1,37 @@
+"""Build the embedded default policy from nothing: the tiny model, then SFT on demonstrations.
+
+`build_tiny_policy(out, train_dir)` is what `kwrl train` runs when its `model.path` is absent
+(and what `make tiny-model` runs to make the committed checkpoint): `kwrl.models.init_model`
+(tokenizer trained on generated world text, a randomly initialised tiny Qwen3), then
+`kwrl.train.run_sft.run_sft` on the oracle demonstrations of `train_dir`'s tasks of `tiers`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from kwrl.models import init_model
+from kwrl.train.run_sft import run_sft
+
+
+def build_tiny_policy(out: Path, train_dir: Path, *, sft: bool = True, vocab_size: int = 1024,
+                      steps: int = 250, batch_size: int = 16, lr: float = 3e-3,
+                      tiers: Sequence[int] = (1, 2), seed: int = 0,
+                      console: Console | None = None) -> Path:
+    """Write the tiny policy to `out` (which must be absent or empty); returns `out`."""
+    out = Path(out)
+    if not sft:
+        return init_model(out, vocab_size=vocab_size, seed=seed)
+    with tempfile.TemporaryDirectory(prefix="kwrl-tiny-") as tmp:
+        base = init_model(Path(tmp) / "base", vocab_size=vocab_size, seed=seed)
+        staging = Path(tmp) / "sft"
+        run_sft(base, train_dir, staging, steps=steps, batch_size=batch_size, lr=lr,
+                tiers=tiers, seed=seed, console=console)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(staging, out, dirs_exist_ok=True)
+    return out
