@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from kwrl.engines import Completion, Engine, EngineError, LocalEngine, SamplingParams
-from kwrl.engines.decoders import HFDecoder, StaticQwen3Decoder
+from kwrl.engines.decoders import PREFILL_TOKENS, HFDecoder, StaticQwen3Decoder
 from kwrl.engines.sampling import processed_logprobs
 from kwrl.models import build_model, build_tokenizer
 from kwrl.models.corpus import sample_corpus
@@ -44,6 +44,17 @@ def prompts(tokenizer: PreTrainedTokenizerFast, n: int, seed: int = 0) -> list[l
     return [tokenizer.apply_chat_template([{"role": "user", "content": q}],
                                           add_generation_prompt=True, return_dict=False)
             for q in questions]
+
+
+def with_norm_weights(model: PreTrainedModel, seed: int) -> PreTrainedModel:
+    """`model` with RMSNorm weights that are not all ones, as in a trained model (a fresh one has
+    ones, which would hide a mistake in how the static decoder folds them into its matrices)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.mul_(1 + 0.5 * torch.randn(param.shape, generator=generator))
+    return model
 
 
 def generate_all(engine: Engine, prompt_ids: list[list[int]], params: list[SamplingParams]
@@ -162,6 +173,45 @@ def test_a_seed_gives_the_same_tokens_alone_or_in_any_batch(
     assert other_seed.token_ids == same_seed.token_ids != third_seed.token_ids
 
 
+@pytest.mark.parametrize(("layers", "kv_heads"), [(1, 4), (3, 2)])
+def test_the_static_decoder_is_the_forward_pass_over_prefill_groups_steps_and_dropped_rows(
+    tokenizer: PreTrainedTokenizerFast, layers: int, kv_heads: int
+) -> None:
+    """Greedy continuations, step by step, against one plain forward pass per sequence: with
+    grouped-query attention, prompts that fill several prefill groups, rows dropped mid-batch,
+    and a second batch in the first one's cache memory."""
+    model = with_norm_weights(build_model(tokenizer, layers=layers, kv_heads=kv_heads, seed=3), 4)
+    decoder = StaticQwen3Decoder(model)
+    generator = torch.Generator().manual_seed(0)
+    lengths = [300, 150, 240, 260, 90, 40, 7]
+    assert sum(lengths[:5]) > 2 * PREFILL_TOKENS
+    prompts = [torch.randint(9, len(tokenizer), (n,), generator=generator).tolist()
+               for n in lengths]
+    worst = 0.0
+    with torch.no_grad():
+        for batch in (prompts[:5], prompts[5:]):
+            sequences = [list(p) for p in batch]
+            rows = list(range(len(batch)))  # decoder row -> sequence
+            logits_B_V = decoder.start(batch, 6)
+            logprobs: list[list[torch.Tensor]] = [[] for _ in batch]
+            for step in range(6):
+                for row, index in enumerate(rows):
+                    logprobs[index].append(logits_B_V[row].log_softmax(-1))
+                    sequences[index].append(int(logits_B_V[row].argmax()))
+                if step == 2 and len(rows) > 2:  # drop the first rows, reorder the rest
+                    kept = [len(rows) - 1, 1]
+                    decoder.keep(torch.tensor(kept))
+                    rows = [rows[k] for k in kept]
+                token_B = torch.tensor([sequences[index][-1] for index in rows])
+                logits_B_V = decoder.step(token_B)
+            for index, prompt in enumerate(batch):
+                ids = torch.tensor([sequences[index][:-1]])
+                reference = model(ids).logits[0, len(prompt) - 1:].float().log_softmax(-1)
+                got = torch.stack(logprobs[index])
+                worst = max(worst, (reference[: len(got)] - got).abs().max().item())
+    assert worst < TOLERANCE
+
+
 def test_the_hf_and_static_decoders_sample_the_same_tokens(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
 ) -> None:
@@ -184,11 +234,14 @@ def test_a_weight_update_bumps_the_version_and_changes_what_is_sampled(
     prompt = prompts(tokenizer, 1)[0]
     params = SamplingParams(max_tokens=20, seed=9)
     before = asyncio.run(engine.generate(prompt, params))
-    other = build_model(tokenizer, seed=1).state_dict()
-    assert engine.update_weights(other) == 1 == engine.policy_version
+    other = with_norm_weights(build_model(tokenizer, seed=1), seed=2)
+    assert engine.update_weights(other.state_dict()) == 1 == engine.policy_version
     after = asyncio.run(engine.generate(prompt, params))
     assert (before.policy_version, after.policy_version) == (0, 1)
     assert after.logprobs != before.logprobs
+    reference = forward_logits(other, prompt, after).log_softmax(-1)
+    chosen = reference[torch.arange(len(after.token_ids)), torch.tensor(after.token_ids)]
+    assert (chosen - torch.tensor(after.logprobs)).abs().max() < TOLERANCE  # the new weights
     with pytest.raises(ValueError, match="unknown"):
         engine.update_weights({"not.a.weight": torch.zeros(1)})
     assert engine.policy_version == 1

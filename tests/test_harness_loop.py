@@ -121,7 +121,7 @@ FAKE_TOOLS = [
     {"name": "crash", "description": "Crash the tool server.", "inputSchema": {"type": "object"}},
     {"name": "big", "description": "Return a long text.", "inputSchema": {"type": "object"}},
 ]
-SCHEMAS = tool_schemas(FAKE_TOOLS, compact=True)
+SCHEMAS = tool_schemas(FAKE_TOOLS, detail="compact")
 
 
 async def fake_call_tool(name: str, arguments: Any, call_id: str) -> ToolResult:

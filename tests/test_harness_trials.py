@@ -62,8 +62,8 @@ def test_the_oracle_plan_sampled_through_the_mcp_harness_scores_one_without_drif
     for task_dir in task_dirs(split):
         turns, tools = plan_turns(task_dir)
         engine = ScriptedEngine(renderer, turns, window=ROOMY.context_window)
-        agent = ModelAgent(engine, renderer, "mcp", ROOMY, tools_subset=tools, compact=True,
-                           record=True)
+        agent = ModelAgent(engine, renderer, "mcp", ROOMY, tools_subset=tools,
+                           tool_detail="compact", record=True)
         trial = run_trial(task_dir, agent, services=McpServices(host))
         assert trial.status is TrialStatus.OK, trial.error
         assert trial.stop_reason is StopReason.ANSWERED
@@ -107,7 +107,7 @@ def test_code_tool_errors_are_results_the_model_reads(renderer, split) -> None:
 
 
 def test_compact_schemas_keep_the_first_line_and_drop_pydantic_titles() -> None:
-    (read,) = tool_schemas(code_tool_list(), ["read"], compact=True)
+    (read,) = tool_schemas(code_tool_list(), ["read"], detail="compact")
     assert read["function"]["description"].startswith("Read a text file with line numbers")
     assert "\n" not in read["function"]["description"]
     assert "title" not in str(read["function"]["parameters"])
@@ -196,7 +196,7 @@ def test_the_untrained_tiny_model_runs_a_trial_whose_only_drift_is_in_what_it_sa
     with local.LocalEngine(build_model(tokenizer, seed=0), tokenizer, device="cpu") as engine:
         recording = RecordingEngine(engine, limits.context_window)
         agent = ModelAgent(recording, renderer, "code", limits, tools_subset=["grep", "read"],
-                           compact=True, sampling=SamplingParams(max_tokens=1, seed=0),
+                           tool_detail="compact", sampling=SamplingParams(max_tokens=1, seed=0),
                            record=True)
         trial = run_trial(task_dirs(split)[0], agent)
     model_stops = {StopReason.ANSWERED, StopReason.MAX_TURNS, StopReason.CONTEXT_OVERFLOW,

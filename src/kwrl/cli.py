@@ -65,10 +65,35 @@ class ToolSet(StrEnum):
     SMALL = "small"
 
 
+class Detail(StrEnum):
+    """How much of each tool schema the model sees (`kwrl.harness.prompt.tool_schema`)."""
+
+    FULL = "full"
+    COMPACT = "compact"
+    BRIEF = "brief"
+
+
 def _tool_subset(tools: ToolSet) -> tuple[str, ...]:
     from kwrl.harness.prompt import LOOKUP_MCP_TOOLS, SMALL_MCP_TOOLS
 
     return LOOKUP_MCP_TOOLS if tools is ToolSet.LOOKUP else SMALL_MCP_TOOLS
+
+
+def _prompt_for(model_dir: Path, tools: ToolSet | None, detail: Detail | None
+                ) -> tuple[tuple[str, ...] | None, str]:
+    """The tools and schema detail to show a model: the options when given, else what the
+    checkpoint was fine-tuned with (its harness profile), else the small set, compact."""
+    from kwrl.models import read_harness_profile
+
+    try:
+        profile = read_harness_profile(model_dir)
+    except ValueError as exc:
+        _fail(str(exc))
+    subset = (_tool_subset(tools) if tools is not None
+              else profile.tools if profile is not None else _tool_subset(ToolSet.SMALL))
+    chosen = (detail.value if detail is not None
+              else profile.tool_detail if profile is not None else Detail.COMPACT.value)
+    return subset, chosen
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -188,7 +213,10 @@ def eval_command(
     concurrency: Annotated[int, typer.Option(min=1, help="Trials at once.")] = 8,
     seed: Annotated[int, typer.Option(help="Sampling seed of the model agent.")] = 0,
     samples: Annotated[int, typer.Option(min=1, help="Trials per task (model agent).")] = 1,
-    tools: Annotated[ToolSet, typer.Option(help="MCP tools the model sees.")] = ToolSet.SMALL,
+    tools: Annotated[ToolSet | None, typer.Option(
+        help="MCP tools the model sees [default: the model's own, else small].")] = None,
+    tool_detail: Annotated[Detail | None, typer.Option(
+        help="Tool schema detail [default: the model's own, else compact].")] = None,
     tiers: Annotated[str | None, typer.Option(help="Only these tiers, e.g. 1,2.")] = None,
 ) -> None:
     """Run an agent once on every task and report mean score and pass@1.
@@ -207,8 +235,10 @@ def eval_command(
     if agent is AgentName.MODEL:
         if model is None:
             _fail("--agent model needs --model DIR")
-        _eval_model(tasks, out, _existing_dir(model, "model"), harness, temperature, concurrency,
-                    None if samples > 1 else seed, progress, samples, _tool_subset(tools), chosen)
+        model = _existing_dir(model, "model")
+        subset, detail = _prompt_for(model, tools, tool_detail)
+        _eval_model(tasks, out, model, harness, temperature, concurrency,
+                    None if samples > 1 else seed, progress, samples, subset, detail, chosen)
     elif agent is AgentName.PLAN:
         from kwrl.tools.host import ToolHost
         from kwrl.tools.services import McpServices
@@ -229,7 +259,8 @@ def _parse_tiers(text: str) -> tuple[int, ...]:
 
 def _eval_model(tasks: Path, out: Path, model_dir: Path, harness: HarnessName,
                 temperature: float, concurrency: int, seed: int | None, progress: bool,
-                samples: int, subset: tuple[str, ...], tiers: tuple[int, ...] | None) -> None:
+                samples: int, subset: tuple[str, ...] | None, detail: str,
+                tiers: tuple[int, ...] | None) -> None:
     """The model as the agent: one LocalEngine batching every concurrent trial's requests.
 
     With several samples per task the seed is left to the engine, so samples differ."""
@@ -251,7 +282,7 @@ def _eval_model(tasks: Path, out: Path, model_dir: Path, harness: HarnessName,
     subset = subset if harness is HarnessName.MCP else None
     with LocalEngine(checkpoint, tokenizer) as engine:
         agent = ModelAgent(engine, ChatTemplateRenderer(tokenizer), harness.value, limits,
-                           tools_subset=subset, compact=True, sampling=sampling,
+                           tools_subset=subset, tool_detail=detail, sampling=sampling,
                            name=f"model:{model_dir.name}:{harness.value}")
         if harness is HarnessName.CODE:
             _run_eval(tasks, out, agent, progress, None, concurrency, samples, tiers)
@@ -348,6 +379,10 @@ def check_tito(
     harness: Annotated[HarnessName, typer.Option(help="Tools of the model agent.")] = (
         HarnessName.MCP),
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    tools: Annotated[ToolSet | None, typer.Option(
+        help="MCP tools the model sees [default: the model's own, else small].")] = None,
+    tool_detail: Annotated[Detail | None, typer.Option(
+        help="Tool schema detail [default: the model's own, else compact].")] = None,
 ) -> None:
     """Run the model on the tasks, re-render every finished conversation from scratch and count
     the tokens that differ from the tape; the last line states the drift count. Exit 1 if any
@@ -357,8 +392,10 @@ def check_tito(
     from kwrl.harness.tito import check_model_tito
 
     hf_logging.disable_progress_bar()
-    report = check_model_tito(_existing_dir(model, "model"), _existing_dir(tasks, "tasks"),
-                              harness.value, seed=seed)
+    model = _existing_dir(model, "model")
+    subset, detail = _prompt_for(model, tools, tool_detail)
+    report = check_model_tito(model, _existing_dir(tasks, "tasks"), harness.value,
+                              tools_subset=subset, tool_detail=detail, seed=seed)
     for line in report.lines():
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     if report.harness_drift > 0:
@@ -376,6 +413,7 @@ def sft(
     tiers: Annotated[str, typer.Option(help="Comma-separated tiers to learn from.")] = "1,2,3,4",
     seed: Annotated[int, typer.Option(help="Data order and init seed.")] = 0,
     tools: Annotated[ToolSet, typer.Option(help="MCP tools the model sees.")] = ToolSet.SMALL,
+    tool_detail: Annotated[Detail, typer.Option(help="Tool schema detail.")] = Detail.COMPACT,
 ) -> None:
     """Supervised fine-tuning on oracle demonstrations: each task's plan replayed through the
     real MCP harness, so the tapes are exactly the format the model later samples in."""
@@ -386,7 +424,7 @@ def sft(
     chosen = _parse_tiers(tiers)
     run_sft(_existing_dir(model, "model"), _existing_dir(tasks, "tasks"), out, steps=steps,
             batch_size=batch_size, lr=lr, tiers=chosen, seed=seed, console=console,
-            tools_subset=_tool_subset(tools))
+            tools_subset=_tool_subset(tools), tool_detail=tool_detail.value)
 
 
 @app.command("serve")

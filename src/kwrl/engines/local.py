@@ -96,41 +96,54 @@ class _Batch:
         self.scale = any(p.temperature != 1.0 for p in params)
         self.filter_top_p = any(p.top_p < 1.0 for p in params)
         self.max_tokens_B = torch.tensor([p.max_tokens for p in params], device=device)
+        self.min_max_tokens = min(p.max_tokens for p in params)
         stops = [sorted(set(p.stop_token_ids)) for p in params]
         width = max(1, *(len(s) for s in stops))
         self.stop_B_S = torch.tensor([s + [-1] * (width - len(s)) for s in stops], device=device)
-        uniform_R_N = torch.zeros((len(requests), self.max_new), dtype=torch.float64)
+        # step-major, so that a step's row of each is a view while no row has been dropped
+        uniform_N_R = torch.zeros((self.max_new, len(requests)), dtype=torch.float64)
         for index, request in enumerate(requests):
-            uniform_R_N[index, : request.params.max_tokens] = request_uniforms(
+            uniform_N_R[: request.params.max_tokens, index] = request_uniforms(
                 request.seed, request.params.max_tokens)
-        self.uniform_R_N = uniform_R_N.to(device)
-        self.tokens_R_N = torch.zeros((len(requests), self.max_new), dtype=torch.long,
+        self.uniform_N_R = uniform_N_R.to(device)
+        self.tokens_N_R = torch.zeros((self.max_new, len(requests)), dtype=torch.long,
                                       device=device)
-        self.logprobs_R_N = torch.zeros((len(requests), self.max_new), device=device)
+        self.logprobs_N_R = torch.zeros((self.max_new, len(requests)), device=device)
+        self.all_rows = True
+        """Whether row b is still request b (no row dropped yet)."""
 
     def sample(self, step: int, logits_B_V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample one token per row, record it, and return (token_B, done_B) for alive rows."""
         logprobs_B_V = processed_logprobs(logits_B_V, self.temperature_B, self.top_p_B,
                                           scale=self.scale, filter_top_p=self.filter_top_p)
-        token_B, logprob_B = sample(logprobs_B_V, self.uniform_R_N[self.request_B, step],
+        uniform_B = self.uniform_N_R[step]
+        if not self.all_rows:
+            uniform_B = uniform_B.index_select(0, self.request_B)
+        token_B, logprob_B = sample(logprobs_B_V, uniform_B,
                                     self.greedy_B if self.any_greedy else None)
-        self.tokens_R_N[self.request_B, step] = token_B
-        self.logprobs_R_N[self.request_B, step] = logprob_B
-        stopped_B = (token_B.unsqueeze(1) == self.stop_B_S).any(dim=1)
-        done_B = (stopped_B | (self.max_tokens_B <= step + 1)) & self.alive_B
-        return token_B, done_B
+        if self.all_rows:
+            self.tokens_N_R[step] = token_B
+            self.logprobs_N_R[step] = logprob_B
+        else:
+            self.tokens_N_R[step].index_copy_(0, self.request_B, token_B)
+            self.logprobs_N_R[step].index_copy_(0, self.request_B, logprob_B)
+        done_B = (token_B.unsqueeze(1) == self.stop_B_S).any(dim=1)
+        if step + 1 >= self.min_max_tokens:
+            done_B |= self.max_tokens_B <= step + 1
+        return token_B, done_B.logical_and_(self.alive_B)
 
     def keep(self, rows_B: torch.Tensor) -> None:
+        self.all_rows = False
         for name in ("request_B", "alive_B", "temperature_B", "top_p_B", "greedy_B",
                      "max_tokens_B", "stop_B_S"):
             setattr(self, name, getattr(self, name).index_select(0, rows_B))
 
     def completion(self, row: int, length: int, version: int, aborted: bool) -> Completion:
         index = int(self.request_B[row])
-        tokens = self.tokens_R_N[index, :length].tolist()
+        tokens = self.tokens_N_R[:length, index].tolist()
         stops = self.requests[index].params.stop_token_ids
         reason = "abort" if aborted else "stop" if tokens and tokens[-1] in stops else "length"
-        return Completion(tuple(tokens), tuple(self.logprobs_R_N[index, :length].tolist()),
+        return Completion(tuple(tokens), tuple(self.logprobs_N_R[:length, index].tolist()),
                           reason, version)
 
 
@@ -301,10 +314,11 @@ class LocalEngine:
         batch = _Batch(requests, self.device)
         logits_B_V = self._decoder.start([r.prompt_ids for r in requests], batch.max_new)
         self.stats.prefill_seconds += time.perf_counter() - started
+        alive = len(requests)
         for step in range(batch.max_new):
             token_B, done_B = batch.sample(step, logits_B_V)
             self.stats.decode_steps += 1
-            self.stats.generated_tokens += int(batch.alive_B.sum())
+            self.stats.generated_tokens += alive
             if self._closed:
                 done_B = batch.alive_B.clone()
             if bool(done_B.any()):

@@ -34,7 +34,7 @@ from kwrl.engines.local import LocalEngine
 from kwrl.eval.runner import evaluate
 from kwrl.eval.summary import Summary, summary_from_json
 from kwrl.harness.model_agent import ModelAgent
-from kwrl.models import load_model
+from kwrl.models import load_model, read_harness_profile
 from kwrl.render import ChatTemplateRenderer
 from kwrl.tools.host import ToolHost
 from kwrl.tools.services import McpServices
@@ -153,6 +153,7 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
     engine_model = copy.deepcopy(model)
     trainer = Trainer(model, trainer_config(cfg), device=device)
     window = int(getattr(model.config, "max_position_embeddings", 4096))
+    profile = read_harness_profile(model_dir)
     renderer = ChatTemplateRenderer(tokenizer)
     report = TrainingReport(run_dir, 0, 0.0)
 
@@ -166,7 +167,8 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
             h = cfg.harness
             return ModelAgent(
                 engine, renderer, h.name, h.limits(window, nudge=nudge),
-                tools_subset=h.tool_subset(), compact=True, name=name,
+                tools_subset=h.tool_subset(profile.tools if profile else None),
+                tool_detail=h.detail(profile.tool_detail if profile else None), name=name,
                 sampling=SamplingParams(max_tokens=h.turn_token_cap, temperature=temperature,
                                         top_p=h.top_p))
 

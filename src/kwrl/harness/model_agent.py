@@ -2,7 +2,7 @@
 
 - `mcp`: the trial's own MCP tool servers (`kwrl.tools.services.TrialTools`); the agent opens
   `tools.client()` on its own event loop, shows the model the server's tool list (optionally a
-  subset, optionally compact) and routes calls through the client, which restarts a crashed
+  subset, at a chosen detail) and routes calls through the client, which restarts a crashed
   server once; a second crash ends the episode with `tool_error` (masked by the trial).
 - `code`: `kwrl.tools.code.CodeTools` on the workspace, in this process, no MCP: bash, read,
   write, edit, grep, glob. Their schemas are built the way the MCP server builds them (same
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from kwrl.engines.base import Engine, SamplingParams
 from kwrl.harness.loop import CallTool, Episode, Limits, run_episode
-from kwrl.harness.prompt import SYSTEM_PROMPT, tool_schemas
+from kwrl.harness.prompt import SYSTEM_PROMPT, ToolDetail, tool_schemas
 from kwrl.render.renderer import Renderer, ToolSchema
 from kwrl.tools.client import ToolHostError, result_text
 from kwrl.tools.code import CodeTools
@@ -63,8 +63,8 @@ class ModelAgent:
     limits: Limits = field(default_factory=Limits)
     tools_subset: Sequence[str] | None = None
     """Only these tools are shown (and callable); None: all of the harness's tools."""
-    compact: bool = False
-    """Show each tool's first description line only (see `prompt.tool_schemas`)."""
+    tool_detail: ToolDetail = "full"
+    """How much of each tool schema the model is shown (see `prompt.tool_schema`)."""
     sampling: SamplingParams | None = None
     """Temperature, top_p, seed; max_tokens and stop ids are set per turn by the loop."""
     system_prompt: str = SYSTEM_PROMPT
@@ -87,7 +87,7 @@ class ModelAgent:
         """`run` on the caller's event loop."""
         limits = self._limits_for(task)
         if self.harness == "code":
-            schemas, call_tool = code_harness(Path(workspace), self.tools_subset, self.compact,
+            schemas, call_tool = code_harness(Path(workspace), self.tools_subset, self.tool_detail,
                                               self.output_limit, limits.tool_timeout_s)
             episode = await self._episode(task, limits, schemas, call_tool)
         else:
@@ -95,7 +95,7 @@ class ModelAgent:
                 raise RuntimeError("the mcp harness needs the trial's MCP tools (McpServices)")
             try:
                 async with tools.client() as client:
-                    schemas = tool_schemas(client.tools, self.tools_subset, self.compact)
+                    schemas = tool_schemas(client.tools, self.tools_subset, self.tool_detail)
                     episode = await self._episode(task, limits, schemas, client.call_tool)
             except ToolHostError as exc:  # the client failed to open or close (the episode
                 # itself turns a crash into `tool_error`): a masked tool failure either way
@@ -127,12 +127,12 @@ class ModelAgent:
 
 
 def code_harness(
-    workspace: Path, subset: Sequence[str] | None = None, compact: bool = False,
+    workspace: Path, subset: Sequence[str] | None = None, detail: ToolDetail = "full",
     output_limit: int = DEFAULT_LIMIT, timeout_s: float = 60.0,
 ) -> tuple[list[ToolSchema], CallTool]:
     """The code tools on `workspace`: their schemas and an in-process `call_tool`."""
     code_tools = CodeTools(workspace, output_limit=output_limit)
-    schemas = tool_schemas(code_tool_list(), subset, compact)
+    schemas = tool_schemas(code_tool_list(), subset, detail)
     names = {s["function"]["name"] for s in schemas}
 
     async def call_tool(name: str, arguments: Any, call_id: str) -> ToolResult:

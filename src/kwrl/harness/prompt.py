@@ -13,15 +13,19 @@ of it is paid for on every turn. It opens with the sentences the tiny tokenizer 
 
 Tool schemas come from the MCP tool list (name, description, inputSchema) and are converted to
 the OpenAI-style function dicts that HF chat templates render. All 43 tools of a world with their
-full docstrings are ~22k characters; `compact` keeps each description's first line and drops the
-`title` annotations pydantic adds to every schema node, and `subset` keeps only named tools.
+full docstrings are ~22k characters. The `detail` of a schema: `full` as the server describes it;
+`compact` keeps each description's first line and drops the `title` annotations pydantic adds to
+every schema node; `brief` keeps only the name and the parameters' names, types and which are
+required (no descriptions, no defaults): the tiny model learns what its tools do from
+demonstrations, and at ~45 tokens a tool its whole prompt stays short (the lookup set: ~900 tokens
+of system turn compact, ~500 brief). `subset` keeps only named tools.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from kwrl.types import Message
 
@@ -51,6 +55,9 @@ LOOKUP_MCP_TOOLS: tuple[str, ...] = (
 """The search tools that answer every tier-1 and tier-2 task: the curriculum's first stage for
 a tiny model, whose whole prompt must stay short."""
 
+ToolDetail = Literal["full", "compact", "brief"]
+TOOL_DETAILS: tuple[str, ...] = ("full", "compact", "brief")
+
 _THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
@@ -70,12 +77,16 @@ def final_answer(message: Message) -> str:
     return _THINK_RE.sub("", message.content).strip()
 
 
-def tool_schema(tool: Any, compact: bool = False) -> dict[str, Any]:
+def tool_schema(tool: Any, detail: ToolDetail = "full") -> dict[str, Any]:
     """One MCP tool (an `mcp.types.Tool` or a dict with name, description, inputSchema) as an
     OpenAI-style function schema: {"type": "function", "function": {name, description,
-    parameters}}."""
+    parameters}} (`brief`: no description)."""
+    if detail not in TOOL_DETAILS:
+        raise ValueError(f"tool detail must be one of {TOOL_DETAILS}, got {detail!r}")
     name, description, parameters = _tool_fields(tool)
-    if compact:
+    if detail == "brief":
+        return {"type": "function", "function": {"name": name, "parameters": _brief(parameters)}}
+    if detail == "compact":
         description = _first_line(description)
         parameters = _drop_titles(parameters)
     return {
@@ -85,7 +96,7 @@ def tool_schema(tool: Any, compact: bool = False) -> dict[str, Any]:
 
 
 def tool_schemas(
-    tools: Iterable[Any], subset: Sequence[str] | None = None, compact: bool = False
+    tools: Iterable[Any], subset: Sequence[str] | None = None, detail: ToolDetail = "full"
 ) -> list[dict[str, Any]]:
     """The schemas the model is shown, in the server's order (or `subset`'s, when given).
 
@@ -94,11 +105,11 @@ def tool_schemas(
     """
     by_name = {_tool_fields(t)[0]: t for t in tools}
     if subset is None:
-        return [tool_schema(t, compact) for t in by_name.values()]
+        return [tool_schema(t, detail) for t in by_name.values()]
     unknown = [n for n in subset if n not in by_name]
     if unknown:
         raise ValueError(f"unknown tools {unknown}; available: {', '.join(sorted(by_name))}")
-    return [tool_schema(by_name[n], compact) for n in dict.fromkeys(subset)]
+    return [tool_schema(by_name[n], detail) for n in dict.fromkeys(subset)]
 
 
 def schema_names(schemas: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -120,6 +131,16 @@ def _tool_fields(tool: Any) -> tuple[str, str, dict[str, Any]]:
 def _first_line(description: str) -> str:
     lines = [line.strip() for line in description.strip().splitlines()]
     return lines[0] if lines else ""
+
+
+def _brief(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameter names with one JSON type each (the first non-null of an anyOf), and `required`."""
+    properties = {}
+    for key, spec in dict(parameters.get("properties", {})).items():
+        types = [spec.get("type")] + [s.get("type") for s in spec.get("anyOf", ())]
+        properties[key] = {"type": next((t for t in types if t and t != "null"), "string")}
+    return {"type": "object", "properties": properties,
+            "required": list(parameters.get("required", []))}
 
 
 def _drop_titles(schema: Any) -> Any:

@@ -29,7 +29,7 @@ from pathlib import Path
 from kwrl.engines.base import Engine, SamplingParams
 from kwrl.harness.loop import Limits
 from kwrl.harness.model_agent import Harness, ModelAgent
-from kwrl.harness.prompt import SMALL_MCP_TOOLS
+from kwrl.harness.prompt import SMALL_MCP_TOOLS, ToolDetail
 from kwrl.render.drift import DriftReport, compare
 from kwrl.render.renderer import Renderer, ToolSchema
 from kwrl.sandbox.trial import SnapshotCache, TrialServices, run_trial
@@ -164,14 +164,14 @@ def run_tito_check(
     limits: Limits | None = None,
     sampling: SamplingParams | None = None,
     tools_subset: Sequence[str] | None = None,
-    compact: bool = False,
+    tool_detail: ToolDetail = "full",
 ) -> TitoReport:
     """Run the model agent once on every task under `tasks_root`, then check every tape.
 
     Every episode is checked, also those whose trial ended as `error` (the trial drops their
     trajectory, the agent keeps it). The mcp harness needs `services` (McpServices).
     """
-    agent = ModelAgent(engine, renderer, harness, limits or Limits(), tools_subset, compact,
+    agent = ModelAgent(engine, renderer, harness, limits or Limits(), tools_subset, tool_detail,
                        sampling, record=True)
     cache: SnapshotCache = {}
     skipped: list[tuple[str, str]] = []
@@ -190,13 +190,13 @@ def check_model_tito(
     harness: Harness = "mcp",
     limits: Limits | None = None,
     tools_subset: Sequence[str] | None = SMALL_MCP_TOOLS,
-    compact: bool = True,
+    tool_detail: ToolDetail = "compact",
     seed: int = 0,
 ) -> TitoReport:
     """`kwrl check tito --model DIR --tasks DIR`: load the checkpoint into a LocalEngine, run
     the model agent once per task (with the trial's MCP servers for `mcp`), check every tape.
 
-    The defaults fit the tiny model's 4k window (a small compact tool set); for the code
+    The defaults fit the tiny model's 4k window (a small, compact tool set); for the code
     harness the subset is ignored unless it names code tools.
     """
     from kwrl.engines.local import LocalEngine
@@ -213,10 +213,10 @@ def check_model_tito(
     with LocalEngine(model, tokenizer) as engine:
         if harness == "code":
             return run_tito_check(engine, renderer, tasks_root, harness, None, limits, sampling,
-                                  tools_subset, compact)
+                                  tools_subset, tool_detail)
         with ToolHost() as host:
             return run_tito_check(engine, renderer, tasks_root, harness, McpServices(host),
-                                  limits, sampling, tools_subset, compact)
+                                  limits, sampling, tools_subset, tool_detail)
 
 
 def _report(

@@ -7,8 +7,22 @@
 - `load_model`: model and tokenizer from a local directory (tiny or real), no network.
 """
 
-from kwrl.models.load import load_model
+from kwrl.models.load import (
+    HarnessProfile,
+    load_model,
+    read_harness_profile,
+    write_harness_profile,
+)
 from kwrl.models.tiny import build_model, init_model, parameter_count
 from kwrl.models.tokenizer import build_tokenizer
 
-__all__ = ["build_model", "build_tokenizer", "init_model", "load_model", "parameter_count"]
+__all__ = [
+    "HarnessProfile",
+    "build_model",
+    "build_tokenizer",
+    "init_model",
+    "load_model",
+    "parameter_count",
+    "read_harness_profile",
+    "write_harness_profile",
+]

@@ -9,6 +9,8 @@ bf16 on CUDA.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,3 +40,37 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     return model.to(device).eval(), tokenizer
+
+
+HARNESS_FILE = "kwrl_harness.json"
+"""Written beside a fine-tuned checkpoint: the tools and schema detail it was trained to use."""
+
+
+@dataclass(frozen=True)
+class HarnessProfile:
+    """What the model saw in training, so that evaluation and RL show it the same prompt."""
+
+    tools: tuple[str, ...] | None
+    """The tool subset shown (None: all of the harness's tools)."""
+    tool_detail: str
+    """`full`, `compact` or `brief` (see `kwrl.harness.prompt.tool_schema`)."""
+
+
+def write_harness_profile(path: Path | str, profile: HarnessProfile) -> None:
+    data = {"tools": None if profile.tools is None else list(profile.tools),
+            "tool_detail": profile.tool_detail}
+    (Path(path) / HARNESS_FILE).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def read_harness_profile(path: Path | str) -> HarnessProfile | None:
+    """The checkpoint's profile, or None when it has none (a base model, any HF checkpoint)."""
+    file = Path(path) / HARNESS_FILE
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+        tools = data["tools"]
+        return HarnessProfile(None if tools is None else tuple(map(str, tools)),
+                              str(data["tool_detail"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{file} is not a harness profile: {exc}") from exc

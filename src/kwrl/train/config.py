@@ -330,9 +330,12 @@ class NudgeSection(_Section):
 class HarnessSection(_Section):
     name: Literal["mcp", "code"] = Field("mcp", description="mcp: the apps' MCP tools; code: "
                                          "bash/read/write/edit/grep/glob.")
-    tools: Literal["lookup", "small", "all"] = Field(
-        "small", description="MCP tools shown (mcp only): lookup (6 search tools, tiers 1-2), "
-        "small (15) or all.")
+    tools: Literal["auto", "lookup", "small", "all"] = Field(
+        "auto", description="MCP tools shown (mcp only): auto (what the model was fine-tuned "
+        "with, else small), lookup (6 search tools, tiers 1-2), small (15) or all.")
+    tool_detail: Literal["auto", "full", "compact", "brief"] = Field(
+        "auto", description="Tool schema detail: auto (the model's own, else compact), full, "
+        "compact (first description line) or brief (names and parameter types only).")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0: greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_turns: int = Field(16, ge=1, description="Sampled turns per episode.")
@@ -353,13 +356,22 @@ class HarnessSection(_Section):
                              f"context_window ({window})")
         return self
 
-    def tool_subset(self) -> tuple[str, ...] | None:
-        """The MCP tool names to show (None: all, or the code harness)."""
+    def tool_subset(self, model_tools: Sequence[str] | None = None) -> tuple[str, ...] | None:
+        """The MCP tool names to show (None: all, or the code harness); `auto` takes
+        `model_tools` (the checkpoint's harness profile) when given."""
         from kwrl.harness.prompt import LOOKUP_MCP_TOOLS, SMALL_MCP_TOOLS
 
         if self.name == "code" or self.tools == "all":
             return None
+        if self.tools == "auto":
+            return tuple(model_tools) if model_tools is not None else SMALL_MCP_TOOLS
         return LOOKUP_MCP_TOOLS if self.tools == "lookup" else SMALL_MCP_TOOLS
+
+    def detail(self, model_detail: str | None = None) -> str:
+        """The tool schema detail; `auto` takes the checkpoint's, else compact."""
+        if self.tool_detail == "auto":
+            return model_detail or "compact"
+        return self.tool_detail
 
     def limits(self, model_window: int, *, nudge: bool = True) -> Any:
         """`kwrl.harness.loop.Limits` for this harness; `nudge=False` for reported evals."""

@@ -19,6 +19,7 @@ from typing import Any
 from kwrl.engines.replay import ReplayEngine
 from kwrl.harness.loop import Limits
 from kwrl.harness.model_agent import ModelAgent
+from kwrl.harness.prompt import ToolDetail
 from kwrl.render import ChatTemplateRenderer
 from kwrl.sandbox.trial import run_trial
 from kwrl.tools.host import ToolHost
@@ -48,7 +49,8 @@ class DemoSet:
 
 
 def build_demonstrations(tasks_root: Path, renderer: ChatTemplateRenderer, host: ToolHost,
-                         limits: Limits, tools_subset: Sequence[str] | None, compact: bool = True,
+                         limits: Limits, tools_subset: Sequence[str] | None,
+                         tool_detail: ToolDetail = "compact",
                          tiers: Sequence[int] | None = None,
                          progress: Callable[[int, int], None] | None = None) -> DemoSet:
     """One example per task of `tiers` (all by default) whose replayed plan scores 1.0."""
@@ -69,7 +71,7 @@ def build_demonstrations(tasks_root: Path, renderer: ChatTemplateRenderer, host:
             continue
         engine = ReplayEngine(renderer.tokenizer, turns)
         agent = ModelAgent(engine, renderer, "mcp", limits, tools_subset=tools_subset,
-                           compact=compact, name="demo")
+                           tool_detail=tool_detail, name="demo")
         trial = run_trial(task, agent, services=services)
         if trial.status is not TrialStatus.OK or trial.trajectory is None:
             demos.skipped[f"error: {trial.error_boundary}"] += 1

@@ -1,8 +1,10 @@
 """`kwrl sft`: demonstrations from a training split, fine-tuning, a saved checkpoint.
 
 The checkpoint directory gets the model and tokenizer (`save_pretrained`, so it loads like any
-HF model) and `sft.json`: the settings, the demonstration counts (and why tasks were skipped),
-the loss of every step and the wall time, so that a run can be reproduced and compared.
+HF model), its harness profile (`kwrl_harness.json`: the tools and schema detail of the
+demonstrations, which `kwrl eval` and `kwrl train` then show it by default) and `sft.json`: the
+settings, the demonstration counts (and why tasks were skipped), the loss of every step and the
+wall time, so that a run can be reproduced and compared.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers.utils import logging as hf_logging
 
 from kwrl.harness.loop import Limits
-from kwrl.harness.prompt import SMALL_MCP_TOOLS
-from kwrl.models import load_model
+from kwrl.harness.prompt import SMALL_MCP_TOOLS, ToolDetail
+from kwrl.models import HarnessProfile, load_model, write_harness_profile
 from kwrl.render import ChatTemplateRenderer
 from kwrl.tools.host import ToolHost
 from kwrl.train.demos import build_demonstrations
@@ -27,7 +29,8 @@ from kwrl.train.sft import SftConfig, train_sft
 
 def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: int, lr: float,
             tiers: Sequence[int], seed: int, console: Console | None = None,
-            tools_subset: Sequence[str] = SMALL_MCP_TOOLS) -> Path:
+            tools_subset: Sequence[str] = SMALL_MCP_TOOLS,
+            tool_detail: ToolDetail = "compact") -> Path:
     console = console or Console()
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
@@ -37,7 +40,7 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
     limits = Limits(context_window=window, nudge_at=None)
     with _bar(console, "demonstrations") as (bar, job), ToolHost() as host:
         demos = build_demonstrations(
-            tasks, renderer, host, limits, tools_subset, tiers=tiers,
+            tasks, renderer, host, limits, tools_subset, tool_detail, tiers=tiers,
             progress=lambda done, total: bar.update(job, completed=done, total=total))
     if not demos.examples:
         raise ValueError(f"no demonstrations from {tasks}: {dict(demos.skipped)}")
@@ -50,9 +53,10 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    write_harness_profile(out, HarnessProfile(tuple(tools_subset), tool_detail))
     record = {
         "base_model": str(model_dir), "tasks": str(tasks), "tiers": list(tiers),
-        "tools": list(tools_subset),
+        "tools": list(tools_subset), "tool_detail": tool_detail,
         "config": config.__dict__, "examples": len(demos.examples),
         "skipped": dict(demos.skipped), "losses": losses,
         "wall_s": round(time.perf_counter() - start, 1),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from kwrl.harness.prompt import LOOKUP_MCP_TOOLS
 from kwrl.models import init_model
 from kwrl.train.run_sft import run_sft
 
@@ -31,7 +32,8 @@ def build_tiny_policy(out: Path, train_dir: Path, *, sft: bool = True, vocab_siz
         base = init_model(Path(tmp) / "base", vocab_size=vocab_size, seed=seed)
         staging = Path(tmp) / "sft"
         run_sft(base, train_dir, staging, steps=steps, batch_size=batch_size, lr=lr,
-                tiers=tiers, seed=seed, console=console)
+                tiers=tiers, seed=seed, console=console, tools_subset=LOOKUP_MCP_TOOLS,
+                tool_detail="brief")
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staging, out, dirs_exist_ok=True)
     return out
