@@ -117,6 +117,28 @@ def test_compact_schemas_keep_the_first_line_and_drop_pydantic_titles() -> None:
         tool_schemas(code_tool_list(), ["reed"])
 
 
+def test_brief_schemas_keep_names_types_and_required_only() -> None:
+    (read,) = tool_schemas(code_tool_list(), ["read"], detail="brief")
+    params = read["function"]["parameters"]
+    assert set(read["function"]) == {"name", "parameters"}
+    assert params["required"] == ["path"]
+    assert params["properties"]["path"] == {"type": "string"}
+    assert params["properties"]["offset"] == {"type": "integer"}  # default and bounds dropped
+    with pytest.raises(ValueError, match="tool detail"):
+        tool_schemas(code_tool_list(), ["read"], detail="tiny")
+
+
+def test_a_fine_tuned_checkpoint_records_its_prompt(tmp_path: Path) -> None:
+    from kwrl.models import HarnessProfile, read_harness_profile, write_harness_profile
+
+    assert read_harness_profile(tmp_path) is None
+    write_harness_profile(tmp_path, HarnessProfile(("pdf_search",), "brief"))
+    assert read_harness_profile(tmp_path) == HarnessProfile(("pdf_search",), "brief")
+    (tmp_path / "kwrl_harness.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a harness profile"):
+        read_harness_profile(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def crash_host():
     with ToolHost(preload=PRELOAD) as tool_host:
