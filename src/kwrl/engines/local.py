@@ -109,8 +109,7 @@ class _Batch:
         self.tokens_N_R = torch.zeros((self.max_new, len(requests)), dtype=torch.long,
                                       device=device)
         self.logprobs_N_R = torch.zeros((self.max_new, len(requests)), device=device)
-        self.all_rows = True
-        """Whether row b is still request b (no row dropped yet)."""
+        self.all_rows = True  # row b is still request b (no row dropped yet)
 
     def sample(self, step: int, logits_B_V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample one token per row, record it, and return (token_B, done_B) for alive rows."""
