@@ -372,6 +372,35 @@ def model_init(
     )
 
 
+@model_app.command("tiny")
+def model_tiny(
+    out: Annotated[Path, typer.Option(help="Directory for the fine-tuned policy (new).")] = Path(
+        "checkpoints/tiny-sft"),
+    work: Annotated[Path, typer.Option(help="Scratch directory for the training split.")] = Path(
+        "runs/tiny-model"),
+    tasks: Annotated[int, typer.Option(min=15, help="Training tasks to generate.")] = 7000,
+    seed: Annotated[int, typer.Option(help="Split, tokenizer, weights and data-order seed.")] = 31,
+    steps: Annotated[int, typer.Option(min=1, help="SFT optimizer steps.")] = 900,
+) -> None:
+    """Build the embedded default policy from nothing (what `make tiny-model` runs): a training
+    split, the tiny model, SFT on its tier-1/2 oracle demonstrations with the lookup tools shown
+    briefly. Writes the checkpoint that `configs/quickstart.toml` starts from."""
+    from transformers.utils import logging as hf_logging
+
+    from kwrl.train.tiny import build_tiny_policy
+    from kwrl.worlds.split import generate_split
+    from kwrl.worlds.taskdir import task_dirs
+
+    hf_logging.disable_progress_bar()
+    if out.exists() and any(out.iterdir()):
+        _fail(f"{out} is not empty; choose a new output directory")
+    train = work / "train"
+    if not (train.is_dir() and task_dirs(train)):
+        console.print(f"generating {tasks} training tasks -> {train}")
+        generate_split("train", tasks, seed, train)
+    build_tiny_policy(out, train, steps=steps, seed=seed, console=console)
+
+
 @check_app.command("tito")
 def check_tito(
     model: Annotated[Path, typer.Option(help="Model directory.")],
