@@ -1,10 +1,11 @@
-# The two commands: `make demo` runs the main job on the embedded default, `make test` runs the tests.
+# The two commands: `make train` runs the main job on the embedded default (the quickstart RL run),
+# `make test` runs the tests.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := runs/demo
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv train demo tiny-model test lint bench clean
 
 $(BIN)/kwrl: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,6 +15,12 @@ $(BIN)/kwrl: pyproject.toml
 	touch $(BIN)/kwrl
 
 venv: $(BIN)/kwrl
+
+train: venv
+	$(BIN)/kwrl train --config configs/quickstart.toml
+
+tiny-model: venv
+	$(BIN)/kwrl model tiny --out checkpoints/tiny-sft
 
 demo: venv
 	$(BIN)/kwrl worlds generate --split test --tasks 48 --seed 1 --out $(DEMO)/test
@@ -33,6 +40,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_grade.py
 	$(BIN)/python benchmarks/bench_tools.py
 	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/bench_trainer.py
 
 clean:
 	rm -rf $(VENV) runs

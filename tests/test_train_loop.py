@@ -137,3 +137,29 @@ def test_a_killed_run_resumes_with_no_lost_or_repeated_step(setup, tmp_path: Pat
     draws = [r["data"]["epoch"] * r["data"]["n_tasks"] + r["data"]["cursor"] for r in records]
     assert draws == [2, 4, 6, 8]
     assert latest_checkpoint(out).extra["loop_step"] == 4
+
+
+def test_train_dry_run_prints_the_resolved_config_and_bad_keys_fail_clearly() -> None:
+    from typer.testing import CliRunner
+
+    from kwrl.cli import app
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["train", "--config", "configs/quickstart.toml", "--dry-run",
+                                "optim.lr=5e-4", "data.group_size=4"])
+    assert shown.exit_code == 0, shown.output
+    assert "0.0005" in shown.output and "4 samples" in shown.output
+    bad = runner.invoke(app, ["train", "--config", "configs/quickstart.toml", "--dry-run",
+                              "optim.learning_rate=1"])
+    assert bad.exit_code == 2 and "learning_rate" in bad.output
+
+
+def test_overfit_dry_run_trains_on_exactly_the_n_tasks_every_step(setup) -> None:
+    from typer.testing import CliRunner
+
+    from kwrl.cli import app
+
+    shown = CliRunner().invoke(app, ["overfit", "--tasks", str(setup["train"]), "--n", "5",
+                                     "--dry-run"])
+    assert shown.exit_code == 0, shown.output
+    assert "5 tasks x 8 samples" in shown.output

@@ -182,7 +182,7 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
 
         settings = LoopSettings(
             tasks_per_step=cfg.data.tasks_per_step, group_size=cfg.data.group_size,
-            max_draws=cfg.data.tasks_per_step + cfg.data.max_resample * cfg.data.tasks_per_step,
+            max_draws=cfg.data.tasks_per_step + cfg.data.max_resample,
             advantage=cfg.algorithm.advantage,
             advantage_kwargs=cfg.algorithm.advantage_kwargs(),
             concurrency=cfg.harness.concurrency,
