@@ -139,6 +139,23 @@ def test_gradient_accumulation_is_exact_for_any_micro_batch_budget(loss: str) ->
     assert max(g.abs().max() for g in all_[1].values()) > 1e-3  # the gradients are not all 0
 
 
+def test_zero_advantage_tapes_are_skipped_without_changing_the_gradient() -> None:
+    batch = mixed_batch() + [tape(9, 4, 30, 0.0, 2), tape(10, 3, 6, 0.0, 3)]
+    results = {}
+    for skip in (True, False):
+        trainer = Trainer(tiny_model(), TrainerConfig(skip_zero_advantage=skip))
+        results[skip] = (trainer.compute_gradients(on_policy(trainer, batch)), grads(trainer))
+    assert results[True][0]["trained_sequences"] == 6
+    assert results[False][0]["trained_sequences"] == 8
+    assert results[True][0]["padded_tokens"] < results[False][0]["padded_tokens"]
+    assert results[True][0]["loss"] == pytest.approx(results[False][0]["loss"], abs=1e-7)
+    for name, grad in results[False][1].items():
+        torch.testing.assert_close(results[True][1][name], grad, atol=1e-7, rtol=0)
+    nothing = Trainer(tiny_model())
+    metrics = nothing.train_step([tape(11, 3, 4, 0.0, 0)])
+    assert metrics["trained_sequences"] == 0 and metrics["grad_norm"] == 0.0
+
+
 def test_mask_zero_tokens_contribute_no_gradient() -> None:
     probe = Trainer(tiny_model())
     batch = on_policy(probe, mixed_batch(), noise=0.3)

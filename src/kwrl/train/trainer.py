@@ -130,6 +130,11 @@ class TrainerConfig:
     """Compute dtype: "auto" is bf16 on a CUDA device that supports it, fp32 otherwise."""
     entropy_metric: bool = True
     """Report the policy's mean entropy over trained tokens (one extra pass over [N, V])."""
+    skip_zero_advantage: bool = True
+    """Run no forward/backward for tapes whose advantage is 0 (without a KL term): every loss
+    in `kwrl.rl.LOSSES` is proportional to the advantage, so such a tape adds exactly zero
+    gradient; it still counts in the reduction's denominators (weights are computed over the
+    whole batch first). Token metrics then cover the trained tapes only."""
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -278,8 +283,10 @@ class Trainer:
             raise ValueError("no samples to train on")
         started = time.perf_counter()
         weights_BT = self._full_batch_weights(samples)
-        plan = plan_micro_batches([len(s.token_ids) for s in samples],
-                                  self.config.micro_batch_tokens)
+        active = [i for i, s in enumerate(samples) if s.advantage != 0.0
+                  or self.config.kl_coef > 0 or not self.config.skip_zero_advantage]
+        plan = [[active[j] for j in rows] for rows in plan_micro_batches(
+            [len(samples[i].token_ids) for i in active], self.config.micro_batch_tokens)]
         self.model.train()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # policy, kl objective
         tokens: list[dict[str, Tensor]] = []
@@ -293,10 +300,11 @@ class Trainer:
             padded += batch.ids_BT.numel()
         self._sync()
         policy, kl = (float(x) for x in totals)
-        metrics = self._token_metrics(tokens)
+        metrics = self._token_metrics(tokens) if tokens else {}
         metrics.update(loss=policy + self.config.kl_coef * kl, policy_loss=policy, kl=kl,
                        padded_tokens=float(padded), sequences=float(len(samples)),
-                       micro_batches=float(len(plan)), fwd_bwd_s=time.perf_counter() - started)
+                       trained_sequences=float(len(active)), micro_batches=float(len(plan)),
+                       fwd_bwd_s=time.perf_counter() - started)
         return metrics
 
     def _full_batch_weights(self, samples: Sequence[PolicySample]) -> Tensor:
