@@ -49,6 +49,18 @@ def test_the_loss_is_cross_entropy_over_mask_one_tokens_only(tok) -> None:
     assert loss.item() == pytest.approx(manual.item(), abs=1e-6)
 
 
+def test_lm_weight_adds_the_loss_over_every_real_token(tok) -> None:
+    model = build_model(tok, seed=1)
+    ids, attention, labels = next(batches(examples(tok), 3, 0, 512, random.Random(0)))
+    assistant = masked_loss(model, ids, attention, labels).item()
+    logits = model(input_ids=ids, attention_mask=attention).logits
+    logprobs = torch.log_softmax(logits[:, :-1].float(), -1)
+    real = attention[:, 1:].bool()  # padding never trains
+    every = -logprobs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)[real].mean().item()
+    combined = masked_loss(model, ids, attention, labels, lm_weight=0.3).item()
+    assert combined == pytest.approx(assistant + 0.3 * every, abs=1e-5)
+
+
 def test_sft_drives_the_answer_loss_down(tok) -> None:
     model = build_model(tok, seed=2)
     losses = train_sft(model, examples(tok), SftConfig(steps=60, batch_size=3, warmup_steps=5),

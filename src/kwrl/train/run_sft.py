@@ -30,7 +30,7 @@ from kwrl.train.sft import SftConfig, train_sft
 def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: int, lr: float,
             tiers: Sequence[int], seed: int, console: Console | None = None,
             tools_subset: Sequence[str] = SMALL_MCP_TOOLS,
-            tool_detail: ToolDetail = "compact") -> Path:
+            tool_detail: ToolDetail = "compact", lm_weight: float = 0.0) -> Path:
     console = console or Console()
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
@@ -44,7 +44,8 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
             progress=lambda done, total: bar.update(job, completed=done, total=total))
     if not demos.examples:
         raise ValueError(f"no demonstrations from {tasks}: {dict(demos.skipped)}")
-    config = SftConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, max_len=window)
+    config = SftConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, max_len=window,
+                       lm_weight=lm_weight)
     with _bar(console, "sft") as (bar, job):
         bar.update(job, total=steps)
         losses = train_sft(model, demos.examples, config, tokenizer.pad_token_id,

@@ -47,6 +47,10 @@ class SftConfig:
     max_len: int = 4096
     """Longer tapes are cut (from the end) to this many tokens."""
     seed: int = 0
+    lm_weight: float = 0.0
+    """Weight of an extra next-token loss on *every* token (prompt, tool results too). Tool
+    results echo the path and query of the call before them and hold the values the answer
+    copies, so this adds copy supervision the assistant tokens alone do not give."""
 
 
 def batches(examples: Sequence[SftExample], batch_size: int, pad_id: int, max_len: int,
@@ -82,13 +86,19 @@ def _collate(chosen: Sequence[SftExample], pad_id: int, max_len: int
 
 
 def masked_loss(model: torch.nn.Module, ids_BT: torch.Tensor, attention_BT: torch.Tensor,
-                labels_BT: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over positions whose label is not IGNORE."""
+                labels_BT: torch.Tensor, lm_weight: float = 0.0) -> torch.Tensor:
+    """Mean next-token cross-entropy over positions whose label is not IGNORE, plus
+    `lm_weight` x the mean over every non-padding position."""
     logits_BTV = model(input_ids=ids_BT, attention_mask=attention_BT).logits
     # Position t predicts token t+1.
     logits = logits_BTV[:, :-1].reshape(-1, logits_BTV.shape[-1]).float()
     targets = labels_BT[:, 1:].reshape(-1)
-    return torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE)
+    loss = torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE)
+    if lm_weight:
+        every = torch.where(attention_BT[:, 1:].bool(), ids_BT[:, 1:], IGNORE).reshape(-1)
+        loss = loss + lm_weight * torch.nn.functional.cross_entropy(logits, every,
+                                                                    ignore_index=IGNORE)
+    return loss
 
 
 def lr_at(step: int, config: SftConfig) -> float:
@@ -112,7 +122,7 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SftExample], config: Sf
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
-        loss = masked_loss(model, *next(stream))
+        loss = masked_loss(model, *next(stream), lm_weight=config.lm_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
