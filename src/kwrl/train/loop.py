@@ -12,8 +12,10 @@ One step (synchronous; the producer and the trainer alternate):
 4. *Push*: the new weights go to the engine (`update_weights`), which bumps the policy version
    stamped on every token sampled after it.
 5. *Record*: one metrics line per step (rollout rewards, pass rate, stop reasons, errors,
-   lengths, turns, the trainer's loss terms and mismatch, timings); a checkpoint every
-   `checkpoint_every` steps with the data position (`TaskStream.state`).
+   lengths, turns, the trainer's loss terms and mismatch, timings); one line per trial in
+   `rollouts.jsonl` (task, reward, stop reason, answer, error: a trace to read when a curve looks
+   wrong); a checkpoint every `checkpoint_every` steps with the data position
+   (`TaskStream.state`).
 
 Groups pass through a `GroupQueue` stamped with policy versions, so making the producer run
 ahead of the trainer (async RL, Ray actors) changes who calls `collect`, not this contract.
@@ -21,6 +23,7 @@ ahead of the trainer (async RL, Ray actors) changes who calls `collect`, not thi
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +36,11 @@ from kwrl.rl import ADVANTAGES
 from kwrl.sandbox.trial import Agent, TrialServices
 from kwrl.train.checkpoint import resume, save_checkpoint
 from kwrl.train.rollouts import GroupQueue, StampedGroup, TaskStream, collect_groups, reward
-from kwrl.train.tracking import MetricsLogger, trial_metrics
+from kwrl.train.tracking import MetricsLogger, trial_metrics, truncate_after
 from kwrl.train.trainer import PolicySample, Trainer
+from kwrl.types import TrialResult
+
+ROLLOUTS_FILE = "rollouts.jsonl"
 
 
 class WeightSink(Protocol):
@@ -66,6 +72,19 @@ class LoopSettings:
             raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
         if self.tasks_per_step < 1 or self.group_size < 2:
             raise ValueError("tasks_per_step >= 1 and group_size >= 2 are needed")
+
+
+def trace(step: int, trial: TrialResult) -> dict[str, Any]:
+    """One trial of a step for `rollouts.jsonl`. The token tape is not kept: it is large, and
+    only the step that trains on it needs it."""
+    tape = trial.trajectory
+    return {
+        "step": step, "task_id": trial.task_id, "status": str(trial.status),
+        "reward": trial.grade.score if trial.grade is not None else None,
+        "stop_reason": str(trial.stop_reason), "answer": trial.answer[:500],
+        "error": trial.error, "tokens": len(tape.token_ids_T) if tape else 0,
+        "sampled_tokens": sum(tape.loss_mask_T) if tape else 0,
+    }
 
 
 def policy_samples(groups: Sequence[StampedGroup], advantage: str,
@@ -107,6 +126,7 @@ class RLLoop:
         self.queue = GroupQueue(max_staleness=0)
         self.step = 0
         """Steps completed (the next step's index)."""
+        self._last_trials: list[TrialResult] = []
 
     def resume(self) -> bool:
         """Restore the latest complete checkpoint of the run directory, if any: weights,
@@ -125,11 +145,17 @@ class RLLoop:
         says so after a step; return the metrics of the steps run now."""
         history: list[dict[str, Any]] = []
         resume_step = self.step if self.step else None
-        with MetricsLogger(self.run_dir, tensorboard=self.tensorboard,
-                           resume_step=resume_step) as logger:
+        traces = self.run_dir / ROLLOUTS_FILE
+        if resume_step is not None:
+            truncate_after(traces, resume_step)
+        with (MetricsLogger(self.run_dir, tensorboard=self.tensorboard,
+                            resume_step=resume_step) as logger, traces.open("a") as sink):
             while self.step < steps:
                 metrics = self.train_one_step()
                 self.step += 1
+                for trial in self._last_trials:
+                    sink.write(json.dumps(trace(self.step, trial)) + "\n")
+                sink.flush()
                 logger.log(self.step, metrics)
                 history.append(metrics)
                 last = self.step == steps or (stop_when is not None and stop_when(metrics))
@@ -170,6 +196,7 @@ class RLLoop:
             t = time.perf_counter()
             self.engine.update_weights(self.trainer.policy_state_dict())
             sync_s = time.perf_counter() - t
+        self._last_trials = collection.trials
         metrics = trial_metrics(collection.trials)
         metrics["groups"] = {
             **metrics.get("groups", {}), "kept": len(groups), "drawn": collection.draws,
