@@ -110,7 +110,7 @@ def policy_samples(groups: Sequence[StampedGroup], advantage: str,
 
 
 class RLLoop:
-    """Synchronous RL over a task stream; `run` resumes from the run directory's checkpoint."""
+    """Synchronous RL over a task stream; `resume` first to continue a killed run."""
 
     def __init__(self, trainer: Trainer, engine: WeightSink, agent: Agent, stream: TaskStream,
                  run_dir: Path, settings: LoopSettings | None = None, *,
