@@ -154,3 +154,17 @@ def test_advantages_follow_the_registered_estimator() -> None:
     (a, b, c) = policy_samples(groups, "grpo", {"norm_by_std": True})
     expected = (torch.tensor([1.0, 0.0, 0.0]) - 1 / 3) / (torch.tensor([1.0, 0, 0]).std() + 1e-6)
     assert [a.advantage, b.advantage, c.advantage] == pytest.approx(expected.tolist(), rel=1e-5)
+
+
+def test_mini_batches_hold_whole_groups_and_step_metrics_merge() -> None:
+    from kwrl.train.loop import merge_step_metrics, split_groups
+
+    groups = [StampedGroup(TrajectoryGroup(t, (trial(1.0), trial(0.0))), 0) for t in "abcde"]
+    samples = policy_samples(groups, "grpo")
+    parts = split_groups(samples, 2)
+    assert [sorted({s.group for s in p}) for p in parts] == [[0, 1, 2], [3, 4]]
+    assert sum(len(p) for p in parts) == len(samples)
+    assert len(split_groups(samples, 9)) == 5 and split_groups(samples, 1) == [samples]
+    merged = merge_step_metrics([{"tokens": 10.0, "loss": 1.0, "lr": 0.1, "step": 1.0},
+                                 {"tokens": 6.0, "loss": 3.0, "lr": 0.2, "step": 2.0}])
+    assert merged == {"tokens": 16.0, "loss": 2.0, "lr": 0.2, "step": 2.0}

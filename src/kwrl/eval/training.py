@@ -125,7 +125,8 @@ def trainer_config(cfg: RunConfig) -> TrainerConfig:
     return TrainerConfig(
         loss=a.loss, loss_kwargs=a.resolved_loss_kwargs(), reduction=a.reduction,
         lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
-        total_steps=cfg.run.steps if o.schedule == "cosine" else None, grad_clip=o.grad_clip,
+        total_steps=cfg.run.steps * o.mini_batches if o.schedule == "cosine" else None,
+        grad_clip=o.grad_clip,
         micro_batch_tokens=o.micro_batch_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
         lora_rank=o.lora_rank, lora_alpha=o.lora_alpha, lora_dropout=o.lora_dropout,
         dtype=cfg.model.dtype)
@@ -185,7 +186,7 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
             max_draws=cfg.data.tasks_per_step + cfg.data.max_resample,
             advantage=cfg.algorithm.advantage,
             advantage_kwargs=cfg.algorithm.advantage_kwargs(),
-            concurrency=cfg.harness.concurrency,
+            concurrency=cfg.harness.concurrency, mini_batches=cfg.optim.mini_batches,
             keep_all_groups=keep_all_groups or cfg.data.max_resample == 0,
             checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints)
         loop = RLLoop(trainer, engine,

@@ -293,6 +293,10 @@ class OptimSection(_Section):
         "tenth at `run.steps`.")
     micro_batch_tokens: int = Field(16_384, ge=1, description="Tokens per forward/backward "
                                     "(trajectories are packed up to this).")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per RL step: the step's "
+                              "groups are split into this many mini-batches, one update each. "
+                              "Later mini-batches are off-policy by the earlier updates, which is "
+                              "where DPPO's trust region acts (with 1 every ratio is 1).")
     lora_rank: int = Field(0, ge=0, description="LoRA rank, adapters on every linear layer "
                            "but the output head; 0: full fine-tuning.")
     lora_alpha: float = Field(32.0, gt=0.0, description="LoRA scale numerator (alpha / rank).")

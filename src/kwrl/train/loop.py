@@ -7,8 +7,9 @@ One step (synchronous; the producer and the trainer alternate):
    without reward variance dropped and replaced by fresh tasks, up to `max_draws` tasks.
 2. *Advantages*: `kwrl.rl.ADVANTAGES[advantage]` over each group's valid trials (error trials
    never reach the trainer).
-3. *Train*: one optimizer step of the algorithm-blind `Trainer` on the tapes
-   (`PolicySample`: ids, loss mask, the sampler's logprobs, the advantage, the group).
+3. *Train*: `mini_batches` optimizer steps (default one) of the algorithm-blind `Trainer` on the
+   tapes (`PolicySample`: ids, loss mask, the sampler's logprobs, the advantage, the group), the
+   groups split evenly between them.
 4. *Push*: the new weights go to the engine (`update_weights`), which bumps the policy version
    stamped on every token sampled after it.
 5. *Record*: one metrics line per step (rollout rewards, pass rate, stop reasons, errors,
@@ -61,6 +62,8 @@ class LoopSettings:
     advantage: str = "grpo"
     advantage_kwargs: Mapping[str, Any] = field(default_factory=dict)
     concurrency: int = 16
+    mini_batches: int = 1
+    """Optimizer steps per RL step; each takes a contiguous share of the groups."""
     keep_all_groups: bool = False
     """Train on groups without signal too (they have zero advantage: only metrics change)."""
     checkpoint_every: int = 10
@@ -70,8 +73,8 @@ class LoopSettings:
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
-        if self.tasks_per_step < 1 or self.group_size < 2:
-            raise ValueError("tasks_per_step >= 1 and group_size >= 2 are needed")
+        if self.tasks_per_step < 1 or self.group_size < 2 or self.mini_batches < 1:
+            raise ValueError("tasks_per_step >= 1, group_size >= 2, mini_batches >= 1 are needed")
 
 
 def trace(step: int, trial: TrialResult) -> dict[str, Any]:
@@ -107,6 +110,38 @@ def policy_samples(groups: Sequence[StampedGroup], advantage: str,
         PolicySample(tape.token_ids_T, tape.loss_mask_T, tape.logprobs_T, float(a), g)
         for tape, a, g in zip(tapes, advantages.tolist(), group_ids, strict=True)
     ]
+
+
+SUMMED_METRICS = frozenset({"tokens", "padded_tokens", "sequences", "trained_sequences",
+                            "micro_batches", "fwd_bwd_s", "optim_s", "skipped"})
+"""Trainer metrics that add up over the mini-batches of a step; `step` and `lr` take the last
+value, every other metric the mean."""
+
+
+def split_groups(samples: Sequence[PolicySample], parts: int) -> list[list[PolicySample]]:
+    """`samples` in at most `parts` mini-batches of whole groups (a group never straddles two:
+    its advantages and its `prompt_mean` weight belong together), as even as group counts allow."""
+    groups: dict[int, list[PolicySample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.group, []).append(sample)
+    ordered = list(groups.values())
+    size = -(-len(ordered) // max(1, parts))  # ceil
+    return [[s for group in ordered[k:k + size] for s in group]
+            for k in range(0, len(ordered), size)]
+
+
+def merge_step_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One RL step's trainer metrics from those of its mini-batches."""
+    merged: dict[str, float] = {}
+    for key in dict.fromkeys(k for m in steps for k in m):
+        values = [m[key] for m in steps if key in m]
+        if key in SUMMED_METRICS:
+            merged[key] = float(sum(values))
+        elif key in ("step", "lr"):
+            merged[key] = values[-1]
+        else:
+            merged[key] = float(sum(values) / len(values))
+    return merged
 
 
 class RLLoop:
@@ -191,7 +226,8 @@ class RLLoop:
         sync_s = train_s = 0.0
         if samples:
             t = time.perf_counter()
-            train = self.trainer.train_step(samples)
+            train = merge_step_metrics([self.trainer.train_step(part) for part in
+                                        split_groups(samples, s.mini_batches)])
             train_s = time.perf_counter() - t
             t = time.perf_counter()
             self.engine.update_weights(self.trainer.policy_state_dict())
