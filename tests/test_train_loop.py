@@ -87,7 +87,7 @@ tiers = [1, 2]
 
 def test_a_short_run_trains_pushes_weights_and_reports(setup, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    report = run_training(loads_config(config_text(setup, out, steps=2)))
+    report = run_training(loads_config(config_text(setup, out, steps=2), ["eval.every=1"]))
     records = read_metrics(out)
     assert [r["step"] for r in records] == [1, 2]
     assert [r["policy_version"] for r in records] == [1, 2]  # pushed after every step
@@ -99,6 +99,7 @@ def test_a_short_run_trains_pushes_weights_and_reports(setup, tmp_path: Path) ->
         assert r["time"]["rollout"] > 0 and r["time"]["train"] > 0
     assert report.steps == 2 and report.before is not None and report.after is not None
     assert report.before.n_tasks == 2
+    assert list(report.during) == [1] and (out / "eval-step-1" / "summary.json").is_file()
     assert json.loads((out / "report.json").read_text())["steps"] == 2
     assert (out / "learning_curve.png").stat().st_size > 1000
     assert any((out / "tb").iterdir())

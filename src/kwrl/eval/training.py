@@ -35,6 +35,7 @@ from kwrl.eval.runner import evaluate
 from kwrl.eval.summary import Summary, summary_from_json
 from kwrl.harness.model_agent import ModelAgent
 from kwrl.models import load_model, read_harness_profile
+from kwrl.models.load import default_device
 from kwrl.render import ChatTemplateRenderer
 from kwrl.tools.host import ToolHost
 from kwrl.tools.services import McpServices
@@ -62,6 +63,8 @@ class TrainingReport:
     rewards: list[float | None] = field(default_factory=list)
     """Mean training reward per step run (None: every trial of the step errored)."""
     stopped_early: bool = False
+    during: dict[int, Summary] = field(default_factory=dict)
+    """Held-out evaluations every `eval.every` steps, by step."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +72,7 @@ class TrainingReport:
             "before": self.before.to_json() if self.before else None,
             "after": self.after.to_json() if self.after else None,
             "train_reward": self.rewards, "stopped_early": self.stopped_early,
+            "during": {str(k): v.to_json() for k, v in self.during.items()},
         }
 
 
@@ -115,9 +119,7 @@ def ensure_model(cfg: RunConfig, train_dir: Path, console: Console) -> Path:
 
 
 def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    return default_device() if name == "auto" else torch.device(name)
 
 
 def trainer_config(cfg: RunConfig) -> TrainerConfig:
@@ -202,9 +204,16 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
 
         target = cfg.run.target_reward
         progress = TrainingProgress(cfg.run.steps, console, start_step=loop.step)
+
+        def on_step(step: int, metrics: dict[str, Any]) -> None:
+            progress.update(step, metrics)
+            every = cfg.eval.every
+            if every and step % every == 0 and step < cfg.run.steps and test_root is not None:
+                report.during[step] = held_out(f"step-{step}")
+
         with progress:
             history = loop.run(
-                cfg.run.steps, on_step=progress.update,
+                cfg.run.steps, on_step=on_step,
                 stop_when=None if target is None else (
                     lambda m: (lookup(m, "reward/mean") or 0.0) >= target))
         report.steps = loop.step
@@ -217,6 +226,8 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
     (run_dir / REPORT_FILE).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     points = [EvalPoint(0, s.mean_score or 0.0, s.pass_at_1 or 0.0, label)
               for label, s in (("before", report.before),) if s is not None]
+    points += [EvalPoint(step, s.mean_score or 0.0, s.pass_at_1 or 0.0, f"step {step}")
+               for step, s in sorted(report.during.items())]
     if report.after is not None:
         points.append(EvalPoint(report.steps, report.after.mean_score or 0.0,
                                 report.after.pass_at_1 or 0.0, "after"))
@@ -225,7 +236,7 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
 
 
 def _evaluates(cfg: RunConfig) -> bool:
-    return cfg.eval.before or cfg.eval.after
+    return cfg.eval.before or cfg.eval.after or cfg.eval.every > 0
 
 
 def _read_summary(path: Path) -> Summary | None:
