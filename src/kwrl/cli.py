@@ -380,7 +380,9 @@ def model_tiny(
         "runs/tiny-model"),
     tasks: Annotated[int, typer.Option(min=15, help="Training tasks to generate.")] = 7000,
     seed: Annotated[int, typer.Option(help="Split, tokenizer, weights and data-order seed.")] = 31,
-    steps: Annotated[int, typer.Option(min=1, help="SFT optimizer steps.")] = 900,
+    steps: Annotated[int, typer.Option(min=1, help="SFT steps on whole tapes.")] = 600,
+    drill_steps: Annotated[int, typer.Option(min=0, help=(
+        "SFT steps on answer drills first."))] = 1500,
 ) -> None:
     """Build the embedded default policy from nothing (what `make tiny-model` runs): a training
     split, the tiny model, SFT on its tier-1/2 oracle demonstrations with the lookup tools shown
@@ -398,7 +400,8 @@ def model_tiny(
     if not (train.is_dir() and task_dirs(train)):
         console.print(f"generating {tasks} training tasks -> {train}")
         generate_split("train", tasks, seed, train)
-    build_tiny_policy(out, train, steps=steps, seed=seed, console=console)
+    build_tiny_policy(out, train, steps=steps, drill_steps=drill_steps, seed=seed,
+                      console=console)
 
 
 @check_app.command("tito")
@@ -443,6 +446,12 @@ def sft(
     seed: Annotated[int, typer.Option(help="Data order and init seed.")] = 0,
     tools: Annotated[ToolSet, typer.Option(help="MCP tools the model sees.")] = ToolSet.SMALL,
     tool_detail: Annotated[Detail, typer.Option(help="Tool schema detail.")] = Detail.COMPACT,
+    lm_weight: Annotated[float, typer.Option(min=0.0, help=(
+        "Weight of an extra next-token loss on every token."))] = 0.0,
+    copy_augment: Annotated[float, typer.Option(min=0.0, max=1.0, help=(
+        "Probability that a tape's copied answer figures are redrawn when it is drawn."))] = 0.0,
+    drill_steps: Annotated[int, typer.Option(min=0, help=(
+        "Steps on answer drills (question, last call and result, answer) before `steps`."))] = 0,
 ) -> None:
     """Supervised fine-tuning on oracle demonstrations: each task's plan replayed through the
     real MCP harness, so the tapes are exactly the format the model later samples in."""
@@ -453,7 +462,8 @@ def sft(
     chosen = _parse_tiers(tiers)
     run_sft(_existing_dir(model, "model"), _existing_dir(tasks, "tasks"), out, steps=steps,
             batch_size=batch_size, lr=lr, tiers=chosen, seed=seed, console=console,
-            tools_subset=_tool_subset(tools), tool_detail=tool_detail.value)
+            tools_subset=_tool_subset(tools), tool_detail=tool_detail.value,
+            lm_weight=lm_weight, copy_augment=copy_augment, drill_steps=drill_steps)
 
 
 @app.command("serve")

@@ -143,7 +143,11 @@ class ModelBuild(_Section):
         "tiny_sft", description="tiny_sft: build the tiny model and fine-tune it on the train "
         "split's oracle demonstrations; tiny: random weights; never: a missing path is an error.")
     vocab_size: int = Field(1024, ge=300, description="BPE vocabulary of the tiny tokenizer.")
-    sft_steps: int = Field(250, ge=1, description="SFT optimizer steps.")
+    sft_steps: int = Field(600, ge=1, description="SFT steps on whole tapes.")
+    sft_drill_steps: int = Field(1500, ge=0, description="SFT steps on answer drills first "
+                                 "(where the tiny model learns to copy figures).")
+    sft_copy_augment: float = Field(0.5, ge=0.0, le=1.0, description="Share of whole tapes whose "
+                                    "copied answer figures are redrawn.")
     sft_batch_size: int = Field(16, ge=1, description="Tapes per SFT step.")
     sft_lr: float = Field(3e-3, gt=0.0, description="Peak SFT learning rate.")
     sft_tiers: tuple[int, ...] = Field((1, 2), description="Tiers demonstrated in SFT.")

@@ -21,8 +21,10 @@ from transformers.utils import logging as hf_logging
 from kwrl.harness.loop import Limits
 from kwrl.harness.prompt import SMALL_MCP_TOOLS, ToolDetail
 from kwrl.models import HarnessProfile, load_model, write_harness_profile
+from kwrl.models.chat_template import IM_START
 from kwrl.render import ChatTemplateRenderer
 from kwrl.tools.host import ToolHost
+from kwrl.train.augment import CopyAugment
 from kwrl.train.demos import build_demonstrations
 from kwrl.train.sft import SftConfig, train_sft
 
@@ -30,7 +32,8 @@ from kwrl.train.sft import SftConfig, train_sft
 def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: int, lr: float,
             tiers: Sequence[int], seed: int, console: Console | None = None,
             tools_subset: Sequence[str] = SMALL_MCP_TOOLS,
-            tool_detail: ToolDetail = "compact", lm_weight: float = 0.0) -> Path:
+            tool_detail: ToolDetail = "compact", lm_weight: float = 0.0,
+            copy_augment: float = 0.0, drill_steps: int = 0) -> Path:
     console = console or Console()
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
@@ -45,12 +48,16 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
     if not demos.examples:
         raise ValueError(f"no demonstrations from {tasks}: {dict(demos.skipped)}")
     config = SftConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, max_len=window,
-                       lm_weight=lm_weight)
+                       lm_weight=lm_weight, copy_augment=copy_augment, drill_steps=drill_steps)
+    augment = CopyAugment.for_tokenizer(tokenizer) if copy_augment or drill_steps else None
     with _bar(console, "sft") as (bar, job):
-        bar.update(job, total=steps)
+        bar.update(job, total=drill_steps + steps)
         losses = train_sft(model, demos.examples, config, tokenizer.pad_token_id,
                            on_step=lambda step, loss: bar.update(
-                               job, completed=step + 1, description=f"sft loss {loss:.3f}"))
+                               job, completed=step + 1, description=(
+                                   f"{'drill' if step < drill_steps else 'sft'} loss {loss:.3f}")),
+                           augment=augment,
+                           turn_start_id=tokenizer.convert_tokens_to_ids(IM_START))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -63,8 +70,9 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
         "wall_s": round(time.perf_counter() - start, 1),
     }
     (out / "sft.json").write_text(json.dumps(record, indent=1))
-    console.print(f"fine-tuned on {len(demos.examples)} demonstrations for {steps} steps: loss "
-                  f"{losses[0]:.3f} -> {losses[-1]:.3f}; wrote {out} in {record['wall_s']} s",
+    console.print(f"fine-tuned on {len(demos.examples)} demonstrations for {drill_steps} drill "
+                  f"+ {steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}; wrote {out} in "
+                  f"{record['wall_s']} s",
                   highlight=False, soft_wrap=True)
     return out
 

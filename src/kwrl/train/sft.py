@@ -6,6 +6,12 @@ on is byte for byte the format it later samples in. The loss is the mean cross-e
 mask-1 tokens (the assistant's turns, stop tokens included); prompts, tool results and nudges are
 context only.
 
+Two additions teach the tiny model to copy (see `kwrl.train.augment`): `copy_augment` redraws
+the figures an answer copies from a tool result each time a tape is drawn, so they can only be
+copied, never memorised; and `drill_steps` first trains on answer drills (the question, the last
+call and result, the answer), short tapes on which the retrieval circuit forms, before training on
+whole tapes.
+
 The defaults are the recipe that made a 0.66M-parameter model learn to copy values in minutes on
 this CPU (FACTS.md): AdamW lr 3e-3, betas (0.9, 0.95), weight decay 0.1, a short linear warm-up
 then cosine decay, batches of 16 tapes.
@@ -16,9 +22,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from kwrl.train.augment import CopyAugment, answer_drill
 
 IGNORE = -100
 """Label of a position that does not train (the HF convention)."""
@@ -51,12 +59,21 @@ class SftConfig:
     """Weight of an extra next-token loss on *every* token (prompt, tool results too). Tool
     results echo the path and query of the call before them and hold the values the answer
     copies, so this adds copy supervision the assistant tokens alone do not give."""
+    copy_augment: float = 0.0
+    """Probability that a drawn tape's copied answer figures are redrawn (`CopyAugment`). Below 1,
+    the rest keep the world's own values, so priors such as valid days and times survive."""
+    drill_steps: int = 0
+    """Steps on answer drills before the `steps` on whole tapes (their own warm-up, constant lr).
+    A drill's copied figures are always redrawn: drills exist to teach the copy."""
+    drill_batch_size: int = 32
 
 
 def batches(examples: Sequence[SftExample], batch_size: int, pad_id: int, max_len: int,
-            rng: random.Random) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            rng: random.Random, augment: CopyAugment | None = None
+            ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Endless shuffled batches: (input_ids [B, T], attention_mask [B, T], labels [B, T]),
-    right-padded; labels are the token where the mask is 1, IGNORE elsewhere."""
+    right-padded; labels are the token where the mask is 1, IGNORE elsewhere. `augment`
+    rewrites each tape as it is drawn."""
     if not examples:
         raise ValueError("no examples to train on")
     order: list[int] = []
@@ -66,6 +83,9 @@ def batches(examples: Sequence[SftExample], batch_size: int, pad_id: int, max_le
             rng.shuffle(fresh)
             order.extend(fresh)
         chosen = [examples[i] for i in order[:batch_size]]
+        if augment is not None:
+            chosen = [SftExample(augment(e.token_ids, e.loss_mask, rng), e.loss_mask)
+                      for e in chosen]
         del order[:batch_size]
         yield _collate(chosen, pad_id, max_len)
 
@@ -110,19 +130,44 @@ def lr_at(step: int, config: SftConfig) -> float:
 
 
 def train_sft(model: torch.nn.Module, examples: Sequence[SftExample], config: SftConfig,
-              pad_id: int, on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Fine-tune `model` in place for `config.steps` steps; return the loss of every step."""
+              pad_id: int, on_step: Callable[[int, float], None] | None = None, *,
+              augment: CopyAugment | None = None, turn_start_id: int | None = None
+              ) -> list[float]:
+    """Fine-tune `model` in place for `config.drill_steps` steps on answer drills (cut from
+    `examples` at `turn_start_id`), then `config.steps` on whole tapes; return every step's loss.
+
+    `augment` (needed for drills or `config.copy_augment`) redraws copied figures: in every
+    drill, and in a tape with probability `config.copy_augment`.
+    """
+    if (config.copy_augment or config.drill_steps) and augment is None:
+        raise ValueError("copy_augment and drill_steps need a CopyAugment (the digit ids)")
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
                                   weight_decay=config.weight_decay)
     model.train()
     losses: list[float] = []
-    stream = batches(examples, config.batch_size, pad_id, config.max_len, rng)
-    for step in range(config.steps):
+    drill_steps = config.drill_steps
+    if drill_steps:
+        if turn_start_id is None:
+            raise ValueError("drill_steps needs turn_start_id (the <|im_start|> token)")
+        drills = [SftExample(*d) for e in examples
+                  if (d := answer_drill(e.token_ids, e.loss_mask, turn_start_id))]
+        if not drills:
+            raise ValueError("no demonstration has a tool call before its answer: no drills")
+        drill_stream = batches(drills, config.drill_batch_size, pad_id, config.max_len, rng,
+                               replace(augment, p=1.0))
+    augment = replace(augment, p=config.copy_augment) if config.copy_augment else None
+    stream = batches(examples, config.batch_size, pad_id, config.max_len, rng, augment)
+    for step in range(drill_steps + config.steps):
+        drilling = step < drill_steps
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config)
-        loss = masked_loss(model, *next(stream), lm_weight=config.lm_weight)
+            group["lr"] = (config.lr * min(1.0, (step + 1) / config.warmup_steps) if drilling
+                           else lr_at(step - drill_steps, config))
+        if drilling:
+            loss = masked_loss(model, *next(drill_stream))
+        else:
+            loss = masked_loss(model, *next(stream), lm_weight=config.lm_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

@@ -5,10 +5,12 @@
 (tokenizer trained on generated world text, a randomly initialised tiny Qwen3), then
 `kwrl.train.run_sft.run_sft` on the oracle demonstrations of `train_dir`'s tasks of `tiers`.
 
-The recipe (measured this session, see the README): the 6 lookup tools shown `brief` (names and
-parameter types only, ~850-token tapes), training splits with thousands of generated company
-names (so names must be copied, not memorised), AdamW 3e-3 with cosine decay, batches of 16
-tapes, and a 0.3-weighted next-token loss on every token besides the assistant-token loss.
+The recipe (measured, see the README): the 6 lookup tools shown `brief` (names and parameter
+types only, ~850-token tapes), training splits with thousands of generated company names (so
+names must be copied, not memorised), AdamW 3e-3, then two stages (`kwrl.train.augment`):
+`drill_steps` steps of 32 answer drills (question, last call and result, answer; ~260 tokens)
+whose copied figures are always redrawn, where the retrieval circuit forms; then `steps` steps of
+16 whole tapes with cosine decay, half of them with their figures redrawn.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from kwrl.train.run_sft import run_sft
 
 
 def build_tiny_policy(out: Path, train_dir: Path, *, sft: bool = True, vocab_size: int = 1024,
-                      steps: int = 250, batch_size: int = 16, lr: float = 3e-3,
-                      tiers: Sequence[int] = (1, 2), seed: int = 0, lm_weight: float = 0.3,
-                      console: Console | None = None) -> Path:
+                      steps: int = 600, drill_steps: int = 1500, batch_size: int = 16,
+                      lr: float = 3e-3, tiers: Sequence[int] = (1, 2), seed: int = 0,
+                      copy_augment: float = 0.5, console: Console | None = None) -> Path:
     """Write the tiny policy to `out` (which must be absent or empty); returns `out`."""
     out = Path(out)
     if not sft:
@@ -38,7 +40,7 @@ def build_tiny_policy(out: Path, train_dir: Path, *, sft: bool = True, vocab_siz
         staging = Path(tmp) / "sft"
         run_sft(base, train_dir, staging, steps=steps, batch_size=batch_size, lr=lr,
                 tiers=tiers, seed=seed, console=console, tools_subset=LOOKUP_MCP_TOOLS,
-                tool_detail="brief", lm_weight=lm_weight)
+                tool_detail="brief", copy_augment=copy_augment, drill_steps=drill_steps)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staging, out, dirs_exist_ok=True)
     return out
