@@ -18,6 +18,7 @@ from kwrl.train.rollouts import (
     collect_groups,
     group_version,
     has_signal,
+    screen_mixed,
 )
 from kwrl.types import (
     AgentOutcome,
@@ -147,6 +148,17 @@ def test_collect_gives_up_after_max_draws(split: Path) -> None:
     everything = collect_groups(itertools.cycle(hopeless).__next__, ScriptedAgent(), n_groups=2,
                                 group_size=2, keep_all=True)
     assert len(everything.kept) == 2 and everything.draws == 2
+
+
+def test_screening_keeps_the_first_tasks_with_mixed_outcomes_in_order(split: Path) -> None:
+    dirs = task_dirs(split)
+    mixed = [d for d in dirs if d.name.endswith("0")]
+    assert mixed and len(mixed) < len(dirs)
+    chosen = screen_mixed(dirs, ScriptedAgent(), n=len(dirs), group_size=4, concurrency=4)
+    assert chosen == mixed  # all of them, in the given order; the rest never mixed
+    assert screen_mixed(dirs, ScriptedAgent(), n=1, group_size=4) == mixed[:1]
+    hopeless = [d for d in dirs if d.name.endswith("2")]
+    assert screen_mixed(hopeless, ScriptedAgent(), n=3, group_size=2) == []
 
 
 def test_advantages_follow_the_registered_estimator() -> None:

@@ -503,7 +503,9 @@ def train_command(
 @app.command("overfit")
 def overfit_command(
     tasks: Annotated[Path, typer.Option(help="A split directory or a folder of task dirs.")],
-    n: Annotated[int, typer.Option(min=1, help="Tasks to overfit (the first N by id).")] = 32,
+    n: Annotated[int, typer.Option(min=1, help=(
+        "Tasks to overfit (the config's data.train.select: the first N by id, or the first N "
+        "with mixed outcomes under the initial policy)."))] = 32,
     config: Annotated[Path, typer.Option(help="Base run config.")] = Path("configs/overfit.toml"),
     overrides: Annotated[
         list[str] | None,
@@ -511,8 +513,8 @@ def overfit_command(
     ] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
 ) -> None:
-    """The pipeline check: train on the same N tasks every step until the mean training reward
-    reaches run.target_reward (0.9 by default); report the reward per step."""
+    """The pipeline check: screen for N tasks with mixed outcomes, train on them every step until
+    the mean training reward reaches run.target_reward (0.9 by default); report it per step."""
     forced = [f"data.train.dir={_existing_dir(tasks, 'tasks')}", "data.train.generate=false",
               f"data.train.max_tasks={n}", f"data.tasks_per_step={n}", "data.max_resample=0",
               "eval.before=false", "eval.after=false"]

@@ -42,7 +42,7 @@ from kwrl.tools.services import McpServices
 from kwrl.train.config import RunConfig, SplitSpec, dump_config
 from kwrl.train.loop import LoopSettings, RLLoop
 from kwrl.train.plot import EvalPoint, plot_learning_curve
-from kwrl.train.rollouts import TaskStream
+from kwrl.train.rollouts import TaskStream, screen_mixed
 from kwrl.train.tiny import build_tiny_policy
 from kwrl.train.tracking import TrainingProgress, lookup, read_metrics
 from kwrl.train.trainer import Trainer, TrainerConfig
@@ -51,6 +51,7 @@ from kwrl.worlds.taskdir import TaskFormatError, load_task, task_dirs
 
 REPORT_FILE = "report.json"
 CURVE_FILE = "learning_curve.png"
+TASKS_FILE = "tasks.json"
 
 
 @dataclass
@@ -148,7 +149,8 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
 
     train_root = ensure_split(cfg.data.train, "train", console)
     test_root = ensure_split(cfg.data.test, "test", console) if _evaluates(cfg) else None
-    tasks = select_tasks(train_root, cfg.data.tiers, cfg.data.train.max_tasks)
+    mixed = cfg.data.train.select == "mixed" and cfg.data.train.max_tasks > 0
+    tasks = select_tasks(train_root, cfg.data.tiers, 0 if mixed else cfg.data.train.max_tasks)
     model_dir = ensure_model(cfg, train_root, console)
 
     device = _device(cfg.model.device)
@@ -185,6 +187,9 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
                             concurrency=cfg.harness.concurrency, samples=cfg.eval.samples,
                             tiers=cfg.eval.tiers, max_tasks=cfg.data.test.max_tasks)
 
+        if mixed:
+            tasks = _mixed_tasks(cfg, tasks, agent(True, cfg.harness.temperature, "screen"),
+                                 services, console)
         settings = LoopSettings(
             tasks_per_step=cfg.data.tasks_per_step, group_size=cfg.data.group_size,
             max_draws=cfg.data.tasks_per_step + cfg.data.max_resample,
@@ -235,6 +240,26 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
                                 report.after.pass_at_1 or 0.0, "after"))
     plot_learning_curve(read_metrics(run_dir), run_dir / CURVE_FILE, points)
     return report
+
+
+def _mixed_tasks(cfg: RunConfig, candidates: list[Path], agent: ModelAgent,
+                 services: McpServices | None, console: Console) -> list[Path]:
+    """`data.train.max_tasks` tasks with mixed outcomes under the initial policy, screened once
+    and remembered in run.out/tasks.json (a resumed run must train on the same tasks)."""
+    record = cfg.run.out / TASKS_FILE
+    if record.is_file():
+        return [Path(p) for p in json.loads(record.read_text())["tasks"]]
+    want = cfg.data.train.max_tasks
+    console.print(f"screening {len(candidates)} tasks for {want} with mixed outcomes "
+                  f"({cfg.data.group_size} samples each)")
+    chosen = screen_mixed(candidates, agent, want, cfg.data.group_size, services=services,
+                          concurrency=cfg.harness.concurrency)
+    if not chosen:
+        raise ValueError(f"no task of {len(candidates)} has mixed outcomes under this policy")
+    if len(chosen) < want:
+        console.print(f"only {len(chosen)} of {len(candidates)} tasks have mixed outcomes")
+    record.write_text(json.dumps({"tasks": [str(p) for p in chosen]}, indent=1) + "\n")
+    return chosen
 
 
 def _evaluates(cfg: RunConfig) -> bool:

@@ -104,6 +104,10 @@ class SplitSpec(_Section):
     distractors: bool = Field(True, description="Superseded drafts and look-alike notes.")
     max_tasks: int = Field(0, ge=0, description="Use only the first N tasks (by id) in the "
                            "chosen tiers; 0: all.")
+    select: Literal["first", "mixed"] = Field(
+        "first", description="With max_tasks: first: the first N by id; mixed: the first N on "
+        "which the initial policy has mixed outcomes over data.group_size samples (the recipe's "
+        "overfit check), chosen once and kept in run.out/tasks.json.")
 
 
 def _default_train() -> SplitSpec:

@@ -201,3 +201,22 @@ def collect_groups(
                 else:
                     out.dropped_no_signal += 1
     return out
+
+
+def screen_mixed(tasks: Sequence[Path], agent: Agent, n: int, group_size: int, *,
+                 services: TrialServices | None = None, concurrency: int = 8) -> list[Path]:
+    """The first `n` of `tasks` (in order) on which `agent` has mixed outcomes: G trials each,
+    kept when their rewards are not all equal. Fewer when fewer qualify.
+
+    This is how the recipe's overfit check chooses its tasks ("overfit 32 mixed-outcome tasks"):
+    a task the policy always fails (or always passes) gives GRPO no signal, so it could never move,
+    and a check that included it would measure the task mix, not the pipeline.
+    """
+    by_id = {task.name: task for task in tasks}
+    if len(by_id) != len(tasks):
+        raise ValueError("task directories must have distinct names")
+    order = iter(tasks)
+    collected = collect_groups(lambda: next(order), agent, n, group_size, services=services,
+                               concurrency=concurrency, max_draws=len(tasks))
+    return sorted((by_id[g.group.task_id] for g in collected.kept),
+                  key=lambda task: tasks.index(task))
