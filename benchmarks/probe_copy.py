@@ -15,8 +15,9 @@ token sequences, with the model shape `kwrl.models.build_model` builds:
 Loss is on the copied span only. Measured 2026-11-29 on the 2-core machine (batch 32, AdamW):
 this script at its defaults: `fixed` 6.64 -> 0.11 by step 100, `induction` 6.63 -> 6.50 at step
 300; longer runs of the same probe on the SFT tokenizer: `induction` still 6.73 at step 2,400
-(lr 3e-3) and 6.53 at step 2,100 (lr 1e-3). So the copies the policy must make should sit at
-near-constant offsets (or the model must change).
+(lr 3e-3) and 6.53 at step 2,100 (lr 1e-3). Retrieval from a tool result did form later, on
+answer drills whose figures are redrawn on every draw (`kwrl.train.augment`): content-addressed
+copying of a labelled figure, which this random-token probe does not offer.
 
     .venv/bin/python benchmarks/probe_copy.py [--steps 400] [--lr 3e-3] [--mode fixed induction]
 """
