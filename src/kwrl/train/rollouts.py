@@ -212,11 +212,10 @@ def screen_mixed(tasks: Sequence[Path], agent: Agent, n: int, group_size: int, *
     a task the policy always fails (or always passes) gives GRPO no signal, so it could never move,
     and a check that included it would measure the task mix, not the pipeline.
     """
-    by_id = {task.name: task for task in tasks}
-    if len(by_id) != len(tasks):
+    position = {task.name: k for k, task in enumerate(tasks)}
+    if len(position) != len(tasks):
         raise ValueError("task directories must have distinct names")
     order = iter(tasks)
     collected = collect_groups(lambda: next(order), agent, n, group_size, services=services,
                                concurrency=concurrency, max_draws=len(tasks))
-    return sorted((by_id[g.group.task_id] for g in collected.kept),
-                  key=lambda task: tasks.index(task))
+    return [tasks[k] for k in sorted(position[g.group.task_id] for g in collected.kept)]
