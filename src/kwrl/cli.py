@@ -383,6 +383,8 @@ def model_tiny(
     steps: Annotated[int, typer.Option(min=1, help="SFT steps on whole tapes.")] = 600,
     drill_steps: Annotated[int, typer.Option(min=0, help=(
         "SFT steps on answer drills first."))] = 1500,
+    detours: Annotated[float, typer.Option(min=0.0, max=1.0, help=(
+        "Share of demonstrations that first recover from a wrong turn."))] = 0.0,
 ) -> None:
     """Build the embedded default policy from nothing (what `make tiny-model` runs): a training
     split, the tiny model, SFT on its tier-1/2 oracle demonstrations with the lookup tools shown
@@ -401,7 +403,7 @@ def model_tiny(
         console.print(f"generating {tasks} training tasks -> {train}")
         generate_split("train", tasks, seed, train)
     build_tiny_policy(out, train, steps=steps, drill_steps=drill_steps, seed=seed,
-                      console=console)
+                      detours=detours, console=console)
 
 
 @check_app.command("tito")
@@ -452,6 +454,9 @@ def sft(
         "Probability that a tape's copied answer figures are redrawn when it is drawn."))] = 0.0,
     drill_steps: Annotated[int, typer.Option(min=0, help=(
         "Steps on answer drills (question, last call and result, answer) before `steps`."))] = 0,
+    detours: Annotated[float, typer.Option(min=0.0, max=1.0, help=(
+        "Share of demonstrations that first recover from a wrong turn (a search that misses, "
+        "a missing argument, broken JSON), shown at mask 0."))] = 0.0,
 ) -> None:
     """Supervised fine-tuning on oracle demonstrations: each task's plan replayed through the
     real MCP harness, so the tapes are exactly the format the model later samples in."""
@@ -463,7 +468,8 @@ def sft(
     run_sft(_existing_dir(model, "model"), _existing_dir(tasks, "tasks"), out, steps=steps,
             batch_size=batch_size, lr=lr, tiers=chosen, seed=seed, console=console,
             tools_subset=_tool_subset(tools), tool_detail=tool_detail.value,
-            lm_weight=lm_weight, copy_augment=copy_augment, drill_steps=drill_steps)
+            lm_weight=lm_weight, copy_augment=copy_augment, drill_steps=drill_steps,
+            detours=detours)
 
 
 @app.command("serve")

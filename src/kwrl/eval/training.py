@@ -116,7 +116,7 @@ def ensure_model(cfg: RunConfig, train_dir: Path, console: Console) -> Path:
     return build_tiny_policy(path, train_dir, sft=build.kind == "tiny_sft",
                              vocab_size=build.vocab_size, steps=build.sft_steps,
                              drill_steps=build.sft_drill_steps,
-                             copy_augment=build.sft_copy_augment,
+                             copy_augment=build.sft_copy_augment, detours=build.sft_detours,
                              batch_size=build.sft_batch_size, lr=build.sft_lr,
                              tiers=build.sft_tiers, seed=cfg.run.seed, console=console)
 

@@ -152,6 +152,8 @@ class ModelBuild(_Section):
                                  "(where the tiny model learns to copy figures).")
     sft_copy_augment: float = Field(0.5, ge=0.0, le=1.0, description="Share of whole tapes whose "
                                     "copied answer figures are redrawn.")
+    sft_detours: float = Field(0.0, ge=0.0, le=1.0, description="Share of demonstrations that "
+                               "first recover from a wrong turn (kwrl.train.demos.Detours).")
     sft_batch_size: int = Field(16, ge=1, description="Tapes per SFT step.")
     sft_lr: float = Field(3e-3, gt=0.0, description="Peak SFT learning rate.")
     sft_tiers: tuple[int, ...] = Field((1, 2), description="Tiers demonstrated in SFT.")

@@ -25,7 +25,7 @@ from kwrl.models.chat_template import IM_START
 from kwrl.render import ChatTemplateRenderer
 from kwrl.tools.host import ToolHost
 from kwrl.train.augment import CopyAugment
-from kwrl.train.demos import build_demonstrations
+from kwrl.train.demos import Detours, build_demonstrations
 from kwrl.train.sft import SftConfig, train_sft
 
 
@@ -33,7 +33,7 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
             tiers: Sequence[int], seed: int, console: Console | None = None,
             tools_subset: Sequence[str] = SMALL_MCP_TOOLS,
             tool_detail: ToolDetail = "compact", lm_weight: float = 0.0,
-            copy_augment: float = 0.0, drill_steps: int = 0) -> Path:
+            copy_augment: float = 0.0, drill_steps: int = 0, detours: float = 0.0) -> Path:
     console = console or Console()
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
@@ -44,7 +44,8 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
     with _bar(console, "demonstrations") as (bar, job), ToolHost() as host:
         demos = build_demonstrations(
             tasks, renderer, host, limits, tools_subset, tool_detail, tiers=tiers,
-            progress=lambda done, total: bar.update(job, completed=done, total=total))
+            progress=lambda done, total: bar.update(job, completed=done, total=total),
+            detours=Detours(detours, seed=seed))
     if not demos.examples:
         raise ValueError(f"no demonstrations from {tasks}: {dict(demos.skipped)}")
     config = SftConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, max_len=window,
@@ -66,6 +67,7 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
         "base_model": str(model_dir), "tasks": str(tasks), "tiers": list(tiers),
         "tools": list(tools_subset), "tool_detail": tool_detail,
         "config": config.__dict__, "examples": len(demos.examples),
+        "detours": detours, "detoured": demos.detoured,
         "skipped": dict(demos.skipped), "losses": losses,
         "wall_s": round(time.perf_counter() - start, 1),
     }
@@ -78,11 +80,15 @@ def run_sft(model_dir: Path, tasks: Path, out: Path, *, steps: int, batch_size: 
 
 
 class _bar:
-    """A one-task rich progress bar as a context manager yielding (progress, task id)."""
+    """A one-task progress display as a context manager yielding (progress, task id): a rich bar
+    on a terminal, else a plain line at every tenth of the way (a log file then shows progress
+    while the job runs; a rich bar writes to a file only when it stops)."""
 
     def __init__(self, console: Console, label: str) -> None:
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+        self.progress = (
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                     TimeElapsedColumn(), console=console)
+            if console.is_terminal else _Lines(console, label))
         self.label = label
 
     def __enter__(self):
@@ -91,3 +97,35 @@ class _bar:
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
+
+
+class _Lines:
+    """The part of rich's `Progress` that `_bar` uses, printing `label done/total (elapsed)`
+    lines instead of drawing."""
+
+    def __init__(self, console: Console, label: str) -> None:
+        self.console, self.label = console, label
+        self.total: float | None = None
+        self.tenth = 0
+
+    def start(self) -> None:
+        self.began = time.perf_counter()
+
+    def stop(self) -> None:
+        """Nothing to tear down."""
+
+    def add_task(self, description: str, total: float | None = None) -> int:
+        self.total = total
+        return 0
+
+    def update(self, job: int, *, completed: float | None = None, total: float | None = None,
+               description: str | None = None) -> None:
+        self.total = total if total is not None else self.total
+        self.label = description or self.label
+        if completed is None or not self.total:
+            return
+        tenth = int(10 * completed / self.total)
+        if tenth > self.tenth:
+            self.tenth = tenth
+            self.console.print(f"{self.label} {completed:.0f}/{self.total:.0f} "
+                               f"({time.perf_counter() - self.began:.0f} s)", highlight=False)

@@ -30,7 +30,8 @@ from kwrl.train.run_sft import run_sft
 def build_tiny_policy(out: Path, train_dir: Path, *, sft: bool = True, vocab_size: int = 1024,
                       steps: int = 600, drill_steps: int = 1500, batch_size: int = 16,
                       lr: float = 3e-3, tiers: Sequence[int] = (1, 2), seed: int = 0,
-                      copy_augment: float = 0.5, console: Console | None = None) -> Path:
+                      copy_augment: float = 0.5, detours: float = 0.0,
+                      console: Console | None = None) -> Path:
     """Write the tiny policy to `out` (which must be absent or empty); returns `out`."""
     out = Path(out)
     if not sft:
@@ -40,7 +41,8 @@ def build_tiny_policy(out: Path, train_dir: Path, *, sft: bool = True, vocab_siz
         staging = Path(tmp) / "sft"
         run_sft(base, train_dir, staging, steps=steps, batch_size=batch_size, lr=lr,
                 tiers=tiers, seed=seed, console=console, tools_subset=LOOKUP_MCP_TOOLS,
-                tool_detail="brief", copy_augment=copy_augment, drill_steps=drill_steps)
+                tool_detail="brief", copy_augment=copy_augment, drill_steps=drill_steps,
+                detours=detours)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staging, out, dirs_exist_ok=True)
     return out
