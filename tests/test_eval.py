@@ -189,3 +189,23 @@ def test_several_samples_per_task_report_the_share_of_tasks_with_mixed_outcomes(
     summary = summarize(trials, "model", "tasks", 1.0)
     assert summary.n_tasks == 2 and summary.samples_per_task == 2
     assert summary.mixed_fraction == 0.5 and summary.pass_at_1 == 0.75
+
+
+def test_the_paired_gain_compares_each_task_with_itself() -> None:
+    from kwrl.eval.summary import paired_gain, summarize, summary_from_json
+
+    before = summarize([graded("a", "law", 1, 0.0, False), graded("a", "law", 1, 1.0, True),
+                        graded("b", "law", 1, 1.0, True), graded("c", "law", 1, 0.5, False),
+                        errored("d", "law", 1, ErrorBoundary.TOOL)], "before", "tasks", 1.0)
+    after = summarize([graded("a", "law", 1, 1.0, True), graded("a", "law", 1, 1.0, True),
+                       graded("b", "law", 1, 0.0, False), graded("c", "law", 1, 1.0, True),
+                       graded("d", "law", 1, 1.0, True)], "after", "tasks", 1.0)
+    assert before.task_scores == {"a": 0.5, "b": 1.0, "c": 0.5}  # d errored: no score
+    gain = paired_gain(before, after)
+    assert gain is not None and (gain.n_tasks, gain.up, gain.down) == (3, 2, 1)
+    assert gain.mean == pytest.approx((0.5 - 1.0 + 0.5) / 3)
+    assert gain.stderr == pytest.approx(0.8660254 / 3 ** 0.5)  # stdev(0.5, -1, 0.5) / sqrt 3
+    assert "+0.000 +- 0.500" in str(gain)
+    assert summary_from_json(json.loads(json.dumps(after.to_json()))) == after
+    old = {k: v for k, v in before.to_json().items() if k != "task_scores"}
+    assert paired_gain(summary_from_json(old), after) is None  # a summary.json from before

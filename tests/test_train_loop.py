@@ -100,13 +100,15 @@ def test_a_short_run_trains_pushes_weights_and_reports(setup, tmp_path: Path) ->
     assert report.steps == 2 and report.before is not None and report.after is not None
     assert report.before.n_tasks == 2
     assert list(report.during) == [1] and (out / "eval-step-1" / "summary.json").is_file()
-    assert json.loads((out / "report.json").read_text())["steps"] == 2
+    written = json.loads((out / "report.json").read_text())
+    assert written["steps"] == 2 and written["paired"]["n_tasks"] == 2
     assert (out / "learning_curve.png").stat().st_size > 1000
     assert any((out / "tb").iterdir())
     assert latest_checkpoint(out).extra["loop_step"] == 2
     traces = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(traces) == 8 and {t["status"] for t in traces} == {"ok"}
     assert comparison_table(report).row_count > 3
+    assert "paired per task" in comparison_table(report).caption
 
 
 def test_a_killed_run_resumes_with_no_lost_or_repeated_step(setup, tmp_path: Path) -> None:

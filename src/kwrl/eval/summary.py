@@ -9,9 +9,11 @@ training masks them. A group whose trials all errored has no mean (None, `null` 
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,8 @@ class Summary:
     mixed_fraction: float | None = None
     """Share of tasks whose graded samples include both a pass and a fail: where GRPO has signal
     (None with one sample per task)."""
+    task_scores: Mapping[str, float] = field(default_factory=dict)
+    """task id -> mean score over its graded samples (tasks with none are absent)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +75,39 @@ def summary_from_json(data: Mapping[str, Any]) -> Summary:
     groups = {key: {name: GroupStats(**stats) for name, stats in data[key].items()}
               for key in ("by_domain", "by_tier")}
     return Summary(**{**data, **groups})
+
+
+@dataclass(frozen=True)
+class PairedGain:
+    """After minus before, per task, over the tasks both runs graded: the measure of a training
+    run's held-out gain that the spread between tasks does not drown (each task is its own
+    control)."""
+
+    n_tasks: int
+    mean: float
+    """Mean over tasks of (after - before) mean score."""
+    stderr: float
+    """Standard error of that mean (0 with fewer than two tasks)."""
+    up: int
+    down: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (f"paired per task {self.mean:+.3f} +- {self.stderr:.3f} (SE) over "
+                f"{self.n_tasks} tasks, {self.up} up, {self.down} down")
+
+
+def paired_gain(before: Summary, after: Summary) -> PairedGain | None:
+    """The per-task gain from `before` to `after`; None when they share no graded task."""
+    shared = sorted(set(before.task_scores) & set(after.task_scores))
+    if not shared:
+        return None
+    diffs = [after.task_scores[k] - before.task_scores[k] for k in shared]
+    stderr = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return PairedGain(len(diffs), statistics.fmean(diffs), stderr,
+                      sum(d > 0 for d in diffs), sum(d < 0 for d in diffs))
 
 
 def group_stats(trials: Iterable[TrialResult]) -> GroupStats:
@@ -100,9 +137,11 @@ def summarize(
     }
     by_boundary = Counter(e["boundary"] for e in errors.values())
     outcomes: dict[str, set[bool]] = {}
+    scores: dict[str, list[float]] = {}
     for t in trials:
         if t.status is TrialStatus.OK and t.grade is not None:
             outcomes.setdefault(t.task_id, set()).add(t.grade.passed)
+            scores.setdefault(t.task_id, []).append(t.grade.score)
     samples = max(Counter(t.task_id for t in trials).values(), default=1)
     mixed = (sum(1 for o in outcomes.values() if len(o) == 2) / len(outcomes)
              if samples > 1 and outcomes else None)
@@ -121,6 +160,7 @@ def summarize(
         wall_sec=round(wall_sec, 3),
         samples_per_task=samples,
         mixed_fraction=mixed,
+        task_scores={k: statistics.fmean(v) for k, v in sorted(scores.items())},
     )
 
 

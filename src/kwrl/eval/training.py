@@ -32,7 +32,7 @@ from rich.table import Table
 from kwrl.engines.base import SamplingParams
 from kwrl.engines.local import LocalEngine
 from kwrl.eval.runner import evaluate
-from kwrl.eval.summary import Summary, summary_from_json
+from kwrl.eval.summary import PairedGain, Summary, paired_gain, summary_from_json
 from kwrl.harness.model_agent import ModelAgent
 from kwrl.models import load_model, read_harness_profile
 from kwrl.models.load import default_device
@@ -67,11 +67,19 @@ class TrainingReport:
     during: dict[int, Summary] = field(default_factory=dict)
     """Held-out evaluations every `eval.every` steps, by step."""
 
+    @property
+    def paired(self) -> PairedGain | None:
+        """The held-out gain per task, when both evaluations ran."""
+        if self.before is None or self.after is None:
+            return None
+        return paired_gain(self.before, self.after)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "run_dir": str(self.run_dir), "steps": self.steps, "wall_s": round(self.wall_s, 1),
             "before": self.before.to_json() if self.before else None,
             "after": self.after.to_json() if self.after else None,
+            "paired": gain.to_json() if (gain := self.paired) else None,
             "train_reward": self.rewards, "stopped_early": self.stopped_early,
             "during": {str(k): v.to_json() for k, v in self.during.items()},
         }
@@ -292,7 +300,8 @@ def comparison_table(report: TrainingReport) -> Table:
         for name in names:
             row(f"{key} {name}", getattr(before, attr, {}).get(name),
                 getattr(after, attr, {}).get(name))
-    table.caption = f"{report.steps} steps in {report.wall_s:.0f} s"
+    gain = report.paired
+    table.caption = f"{report.steps} steps in {report.wall_s:.0f} s" + (f"; {gain}" if gain else "")
     return table
 
 
