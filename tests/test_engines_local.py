@@ -12,7 +12,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from kwrl.engines import Completion, Engine, EngineError, LocalEngine, SamplingParams
-from kwrl.engines.decoders import PREFILL_TOKENS, HFDecoder, StaticQwen3Decoder
+from kwrl.engines.decoders import (
+    PREFILL_TOKENS,
+    HFDecoder,
+    StaticQwen3Decoder,
+)
+from kwrl.engines.prefixes import prefix_groups
 from kwrl.engines.sampling import processed_logprobs
 from kwrl.models import build_model, build_tokenizer
 from kwrl.models.corpus import sample_corpus
@@ -171,6 +176,34 @@ def test_a_seed_gives_the_same_tokens_alone_or_in_any_batch(
     same_seed = asyncio.run(engine.generate(batch[0], SamplingParams(max_tokens=30, seed=1)))
     third_seed = asyncio.run(engine.generate(batch[0], SamplingParams(max_tokens=30, seed=2)))
     assert other_seed.token_ids == same_seed.token_ids != third_seed.token_ids
+
+
+def test_samples_of_one_prompt_share_its_prefix_and_sample_as_they_would_alone(
+    engine: LocalEngine, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """A GRPO group (8 samples of one prompt) next to other requests: the static decoder stores
+    the prompt once, and each sample's tokens and logprobs are those it gets alone."""
+    system = {"role": "system", "content": "You answer questions about the quarterly report."}
+    prompt, other = (tokenizer.apply_chat_template(
+        [system, {"role": "user", "content": question}], add_generation_prompt=True,
+        return_dict=False) for question in ("What was the revenue of segment 3 in Q2?",
+                                            "Which segment grew fastest?"))
+    batch = [prompt] * 8 + [other, prompts(tokenizer, 1)[0]]
+    params = [SamplingParams(max_tokens=6 + 2 * k, seed=k) for k in range(len(batch))]
+    groups = prefix_groups(batch)
+    assert groups is not None and groups.group_B[:9] == [0] * 8 + [1]  # other: a group of one
+    together = generate_all(engine, batch, params)
+    assert engine.stats.batches == 1
+    alone = [asyncio.run(engine.generate(p, s)) for p, s in zip(batch, params, strict=True)]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert len({c.token_ids for c in together[:8]}) > 1  # the seeds differ, so do the samples
+    worst = 0.0
+    for prompt_ids, completion in zip(batch, together, strict=True):
+        reference = forward_logits(model, prompt_ids, completion).log_softmax(-1)
+        chosen = reference[torch.arange(len(completion.token_ids)),
+                           torch.tensor(completion.token_ids)]
+        worst = max(worst, (chosen - torch.tensor(completion.logprobs)).abs().max().item())
+    assert worst < TOLERANCE
 
 
 @pytest.mark.parametrize(("layers", "kv_heads"), [(1, 4), (3, 2)])
