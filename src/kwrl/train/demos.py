@@ -14,6 +14,13 @@ matches or a tool error). With `Detours`, a share of the demonstrations get one 
 inserted before one of the plan's calls: run for real through the harness, so the model sees the
 real tool result or parse error, then the plan's call. The wrong turn stays on the tape at mask
 0 (the model is shown the slip, never taught to make it); the recovery is taught.
+
+Measured, and not used by default: 200 more SFT steps (lr 1e-3, 2,013 demonstrations from every
+other task of the tiny model's training split) from the committed policy, evaluated on 61
+held-out tasks of tiers 1-2 x 8 samples at temperature 1 (the committed policy: mean 0.504, 111
+of 488 trials ending in `parse_error`). With half the demonstrations detoured: 0.512 and 172
+`parse_error` (the policy now tries again after a slip, and slips again); the same steps
+without detours: 0.617 and 65. Detours cost what more plain demonstrations would have given.
 """
 
 from __future__ import annotations
