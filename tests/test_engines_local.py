@@ -278,6 +278,10 @@ def test_a_weight_update_bumps_the_version_and_changes_what_is_sampled(
     with pytest.raises(ValueError, match="unknown"):
         engine.update_weights({"not.a.weight": torch.zeros(1)})
     assert engine.policy_version == 1
+    assert engine.update_weights(other.state_dict(), version=7) == 7  # a resumed run's own
+    with pytest.raises(ValueError, match="older"):
+        engine.update_weights(other.state_dict(), version=6)
+    assert engine.policy_version == 7
 
 
 class FailingDecoder:

@@ -139,6 +139,7 @@ def test_a_killed_run_resumes_with_no_lost_or_repeated_step(setup, tmp_path: Pat
     assert done.returncode == 0, done.stderr[-2000:]
     records = read_metrics(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["policy_version"] for r in records] == [1, 2, 3, 4]  # the resumed run's own
     traces = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert [t["step"] for t in traces] == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4
     # Every step drew the next two tasks of the seeded stream: none lost, none drawn twice.

@@ -25,8 +25,8 @@ Two implementations:
   2 shared cores (often 10x slower while another process runs).
 
   Shared prefixes (cascade attention), for GRPO's G samples of one prompt: `start` groups rows
-  whose prompts share a long prefix (`kwrl.engines.prefixes`: at least `MIN_SHARED_PREFIX` tokens, and
-  only when that saves at least `MIN_SAVED_SHARE` of the batch's prompt tokens), prefills each
+  whose prompts share a long prefix (`kwrl.engines.prefixes`: at least `MIN_SHARED_PREFIX`
+  tokens, and only when that saves `MIN_SAVED_SHARE` of the batch's prompt tokens), prefills each
   group's prefix once into a cache of its own, then each row's rest of the prompt into the rows'
   cache. A row's attention is then attention over its group's prefix merged with attention over
   its own keys, exactly, by their log-sum-exps (which SDPA's CPU kernel returns when called

@@ -215,9 +215,15 @@ class LocalEngine:
             _fail(request.future, EngineError("the engine is closed"))
         return request.future
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None
+                       ) -> int:
         """Copy `state_dict` (all or some of the model's tensors) into the model between
-        batches; returns the new policy version. Unknown names or shapes change nothing."""
+        batches; returns the new policy version: `version` when given (a resumed run restores
+        its own; versions never go back), else the current one plus one. Unknown names or
+        shapes change nothing."""
+        if version is not None and version < self._version:
+            raise ValueError(f"policy version {version} is older than the engine's "
+                             f"{self._version}")
         current = self.model.state_dict()
         unknown = sorted(set(state_dict) - set(current))
         wrong = sorted(k for k, v in state_dict.items()
@@ -228,7 +234,7 @@ class LocalEngine:
         with self._lock, torch.no_grad():
             self.model.load_state_dict(dict(state_dict), strict=False)
             self._decoder.refresh()
-            self._version += 1
+            self._version = self._version + 1 if version is None else version
             return self._version
 
     def load_weights(self, path: Path | str) -> int:

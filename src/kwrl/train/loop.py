@@ -50,7 +50,8 @@ class WeightSink(Protocol):
     @property
     def policy_version(self) -> int: ...
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int: ...
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None
+                       ) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,9 @@ class RLLoop:
             return False
         self.step = int(checkpoint.extra["loop_step"])
         self.stream.load_state(checkpoint.extra["data"])
-        self.engine.update_weights(self.trainer.policy_state_dict())
+        # the version the weights had when saved (checkpoints before it was recorded: a bump)
+        self.engine.update_weights(self.trainer.policy_state_dict(),
+                                   checkpoint.extra.get("policy_version"))
         return True
 
     def run(self, steps: int, on_step: Callable[[int, dict[str, Any]], None] | None = None,
@@ -206,7 +209,8 @@ class RLLoop:
     def save(self) -> Path:
         """A checkpoint of this step. The loop's step is kept beside the trainer's: a step whose
         groups all lacked signal trains nothing, so the two counts can differ."""
-        extra = {"loop_step": self.step, "data": self.stream.state()}
+        extra = {"loop_step": self.step, "data": self.stream.state(),
+                 "policy_version": self.engine.policy_version}
         return save_checkpoint(self.run_dir, self.trainer, extra=extra,
                                keep=self.settings.keep_checkpoints).path
 
