@@ -15,6 +15,7 @@ whose copied figures are always redrawn, where the retrieval circuit forms; then
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -43,6 +44,9 @@ def build_tiny_policy(out: Path, train_dir: Path, *, sft: bool = True, vocab_siz
                 tiers=tiers, seed=seed, console=console, tools_subset=LOOKUP_MCP_TOOLS,
                 tool_detail="brief", copy_augment=copy_augment, drill_steps=drill_steps,
                 detours=detours)
+        record = json.loads((staging / "sft.json").read_text())
+        record["base_model"] = f"kwrl model init (vocab {vocab_size}, seed {seed})"  # not tmp
+        (staging / "sft.json").write_text(json.dumps(record, indent=1))
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staging, out, dirs_exist_ok=True)
     return out
