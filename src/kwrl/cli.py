@@ -548,12 +548,15 @@ def _load_run_config(path: Path, overrides: list[str]):
 
 
 def _train(cfg, dry_run: bool, keep_all_groups: bool = False):
+    from transformers.utils import logging as hf_logging
+
     from kwrl.eval.training import comparison_table, run_training
     from kwrl.train.config import describe
 
     if dry_run:
         console.print(describe(cfg))
         return None
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every checkpoint
     report = run_training(cfg, console, keep_all_groups=keep_all_groups)
     if report.before is not None or report.after is not None:
         console.print(comparison_table(report))
