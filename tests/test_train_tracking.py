@@ -295,6 +295,20 @@ def test_the_progress_display_renders_steps_and_metrics() -> None:
         progress.update(3, {"reward": {"mean": 0.75}})
     text = console.file.getvalue()
     assert "3/4" in text and "reward 0.750" in text
+    terminal = Console(file=io.StringIO(), width=160, force_terminal=True)
+    with TrainingProgress(4, terminal) as progress:
+        progress.update(1, {"reward": {"mean": 0.5}})
+    assert "reward 0.500" in terminal.file.getvalue()
+
+
+def test_without_a_terminal_the_progress_is_one_line_per_step() -> None:
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    with TrainingProgress(4, console) as progress:
+        progress.update(1, {"reward": {"mean": 0.25}})
+        progress.update(2, {"reward": {"mean": 0.5}})
+    lines = console.file.getvalue().splitlines()
+    assert lines[0].startswith("train 1/4") and "reward 0.250" in lines[0]
+    assert lines[1].startswith("train 2/4") and len(lines) == 2
 
 
 # --- plot --------------------------------------------------------------------------------------

@@ -303,7 +303,8 @@ def lookup(metrics: Mapping[str, Any], key: str) -> Any:
 
 
 class TrainingProgress:
-    """A rich progress bar over the run's steps with the last step's metrics beside it.
+    """A rich progress bar over the run's steps with the last step's metrics beside it; when the
+    console is not a terminal (a log file), one plain line per step instead.
 
     with TrainingProgress(total_steps, console) as progress:
         progress.update(step, metrics)    # after each step (1-based count of finished steps)
@@ -311,15 +312,20 @@ class TrainingProgress:
 
     def __init__(self, total_steps: int, console: Console | None = None,
                  start_step: int = 0) -> None:
+        self._console = console or Console()
+        self._total = total_steps
         self._progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), TextColumn("{task.fields[line]}"),
-            console=console or Console(), transient=False)
+            console=self._console, transient=False, disable=not self._console.is_terminal)
         self._task = self._progress.add_task("train", total=total_steps, completed=start_step,
                                              line="")
 
     def update(self, steps_done: int, metrics: Mapping[str, Any]) -> None:
         self._progress.update(self._task, completed=steps_done, line=progress_line(metrics))
+        if not self._console.is_terminal:
+            self._console.print(f"train {steps_done}/{self._total} {progress_line(metrics)}",
+                                highlight=False, soft_wrap=True)
 
     def __enter__(self) -> TrainingProgress:
         self._progress.start()
