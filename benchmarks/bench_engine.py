@@ -17,13 +17,14 @@ static decoder serves with shared-prefix attention (`kwrl.engines.decoders`).
         [--group 1 8]
 
 Measured 2026-11-29 on the shared 2-core machine, `--prompt 768 --new 128 --group 1 8`, three
-runs, best HF over best engine of 3 rounds each (wall; CPU):
+runs, best HF over best engine of 3 rounds each (wall; CPU); run 4 after a refactor that
+moved the prefix bookkeeping to `kwrl.engines.prefixes`, on an otherwise idle machine:
 
-    workload          run 1               run 2            run 3
-    batch 16, G=1     2.39x; 2.41x        1.71x; 2.48x     1.67x; 2.53x
-    batch 64, G=1     2.55x; 2.61x        1.61x; 2.41x     1.57x; 2.57x
-    batch 16, G=8     4.80x; 4.95x        3.79x; 5.39x     5.07x; 4.96x
-    batch 64, G=8     5.76x; 6.00x        3.99x; 6.34x     8.31x; 6.54x
+    workload          run 1          run 2          run 3          run 4
+    batch 16, G=1     2.39x; 2.41x   1.71x; 2.48x   1.67x; 2.53x   1.64x; 2.36x
+    batch 64, G=1     2.55x; 2.61x   1.61x; 2.41x   1.57x; 2.57x   1.47x; 2.33x
+    batch 16, G=8     4.80x; 4.95x   3.79x; 5.39x   5.07x; 4.96x   3.54x; 5.21x
+    batch 64, G=8     5.76x; 6.00x   3.99x; 6.34x   8.31x; 6.54x   4.02x; 6.25x
 
 Another process loaded the second core during run 1 and the end of run 3 (load average 3-4); in run
 2 and the start of run 3 it was mostly free, and HF's 2-thread run was its faster. Run 1 was of an
