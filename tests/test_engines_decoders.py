@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_engines_local import with_norm_weights
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from kwrl.engines.decoders import (
@@ -24,16 +25,6 @@ TOLERANCE = 1e-4
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
     return build_tokenizer(sample_corpus())
-
-
-def with_norm_weights(model: PreTrainedModel, seed: int) -> PreTrainedModel:
-    """RMSNorm weights that are not all ones, as in a trained model (see test_engines_local)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.mul_(1 + 0.5 * torch.randn(param.shape, generator=generator))
-    return model
 
 
 def test_rows_are_grouped_to_store_the_fewest_prompt_tokens() -> None:

@@ -79,20 +79,26 @@ def forward_logits(model: PreTrainedModel, prompt: list[int], completion: Comple
     return logits[len(prompt) - 1: ids.shape[1] - 1]
 
 
+def max_logprob_error(model: PreTrainedModel, prompt_ids: list[list[int]],
+                      completions: list[Completion]) -> float:
+    """The largest |engine logprob - forward log-softmax| at the sampled tokens."""
+    worst = 0.0
+    for prompt, completion in zip(prompt_ids, completions, strict=True):
+        reference = forward_logits(model, prompt, completion).log_softmax(-1)
+        chosen = reference[torch.arange(len(completion.token_ids)),
+                           torch.tensor(completion.token_ids)]
+        worst = max(worst, (chosen - torch.tensor(completion.logprobs)).abs().max().item())
+    return worst
+
+
 def test_logprobs_are_the_forward_pass_log_softmax_at_the_sampled_tokens(
     engine: LocalEngine, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
 ) -> None:
     batch = prompts(tokenizer, 6)
     completions = generate_all(engine, batch, [SamplingParams(max_tokens=24, seed=k)
                                                for k in range(6)])
-    worst = 0.0
-    for prompt, completion in zip(batch, completions, strict=True):
-        reference = forward_logits(model, prompt, completion).log_softmax(-1)
-        chosen = reference[torch.arange(len(completion.token_ids)),
-                           torch.tensor(completion.token_ids)]
-        worst = max(worst, (chosen - torch.tensor(completion.logprobs)).abs().max().item())
-        assert completion.policy_version == 0 and completion.finish_reason == "length"
-    assert worst < TOLERANCE
+    assert all(c.policy_version == 0 and c.finish_reason == "length" for c in completions)
+    assert max_logprob_error(model, batch, completions) < TOLERANCE
 
 
 def test_temperature_and_top_p_change_the_distribution_and_its_reported_logprobs(
@@ -197,13 +203,7 @@ def test_samples_of_one_prompt_share_its_prefix_and_sample_as_they_would_alone(
     alone = [asyncio.run(engine.generate(p, s)) for p, s in zip(batch, params, strict=True)]
     assert [c.token_ids for c in together] == [c.token_ids for c in alone]
     assert len({c.token_ids for c in together[:8]}) > 1  # the seeds differ, so do the samples
-    worst = 0.0
-    for prompt_ids, completion in zip(batch, together, strict=True):
-        reference = forward_logits(model, prompt_ids, completion).log_softmax(-1)
-        chosen = reference[torch.arange(len(completion.token_ids)),
-                           torch.tensor(completion.token_ids)]
-        worst = max(worst, (chosen - torch.tensor(completion.logprobs)).abs().max().item())
-    assert worst < TOLERANCE
+    assert max_logprob_error(model, batch, together) < TOLERANCE
 
 
 @pytest.mark.parametrize(("layers", "kv_heads"), [(1, 4), (3, 2)])
