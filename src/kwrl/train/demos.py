@@ -9,7 +9,7 @@ model a wrong answer; what was skipped, and why, is counted.
 Detours teach recovery. A policy sampled at temperature 1 slips: a search that finds nothing, a
 call missing an argument, a call whose JSON breaks. An oracle plan never shows what follows such
 a turn, and a model fine-tuned only on plans falls apart after one (measured on the committed
-tiny policy: 22% of held-out trials ended in `parse_error`, nearly all after a search with no
+tiny policy: 22% of held-out trials ended in `parse_error`, often after a search with no
 matches or a tool error). With `Detours`, a share of the demonstrations get one wrong turn
 inserted before one of the plan's calls: run for real through the harness, so the model sees the
 real tool result or parse error, then the plan's call. The wrong turn stays on the tape at mask
@@ -58,7 +58,11 @@ def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
 
 
 def plan_turns(task_dir: Path) -> list[str]:
-    calls, answer = load_plan(task_dir)
+    return turns_of(*load_plan(task_dir))
+
+
+def turns_of(calls: Sequence[PlannedCall], answer: str) -> list[str]:
+    """A plan as assistant turns: one call per turn, then the answer."""
     return [*(tool_call_text(c.tool, dict(c.arguments)) for c in calls), answer]
 
 
@@ -91,7 +95,7 @@ class DetourWriter:
 
     def turns(self, calls: Sequence[PlannedCall], answer: str) -> tuple[list[str], int | None]:
         """(turns, index of the wrong turn or None): the plan's turns, maybe with a detour."""
-        turns = [*(tool_call_text(c.tool, dict(c.arguments)) for c in calls), answer]
+        turns = turns_of(calls, answer)
         detour = None
         if calls and self.rng.random() < self.detours.share:
             at = self.rng.randrange(len(calls))
