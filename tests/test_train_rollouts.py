@@ -66,6 +66,40 @@ def test_task_stream_is_seeded_covers_each_epoch_and_resumes_where_it_stopped() 
         TaskStream(dirs[:4], seed=3).load_state(b.state())
 
 
+def test_task_stream_passes_over_unsolved_tasks_and_remembers_them_across_a_resume() -> None:
+    dirs = [Path(f"t{i}") for i in range(10)]
+    plain = TaskStream(dirs, seed=5)
+    skipping = TaskStream(dirs, seed=5, skip_unsolved=0.9)
+    assert [plain.next() for _ in range(10)] == [skipping.next() for _ in range(10)]
+    for d in dirs[:5]:
+        skipping.record(d, [0.0, 0.0, 0.0])  # failed every trial
+    skipping.record(dirs[5], [0.0, 1.0])  # mixed
+    skipping.record(dirs[6], [])  # every trial an error: nothing learned about the task
+    draws = [skipping.next() for _ in range(200)]
+    unsolved = sum(d in dirs[:5] for d in draws)
+    assert 0 < unsolved < 0.25 * sum(d in dirs[5:] for d in draws)  # ~10% of their share
+    assert skipping.progress()["unsolved"] == 5 and skipping.progress()["skipped"] > 0
+    skipping.record(dirs[0], [0.0, 0.5])  # solved once: drawn as usual again
+    assert skipping.progress()["unsolved"] == 4
+    resumed = TaskStream(dirs, seed=5, skip_unsolved=0.9)
+    resumed.load_state(skipping.state())
+    assert [resumed.next() for _ in range(30)] == [skipping.next() for _ in range(30)]
+    only_unsolved = TaskStream(dirs[:2], seed=1, skip_unsolved=0.99)
+    for d in dirs[:2]:
+        only_unsolved.record(d, [0.0])
+    assert len([only_unsolved.next() for _ in range(20)]) == 20  # never stuck
+    with pytest.raises(ValueError, match="probability"):
+        TaskStream(dirs, seed=0, skip_unsolved=1.0)
+
+
+def test_collect_tells_the_task_stream_which_tasks_failed_every_trial(split: Path) -> None:
+    dirs = [d for d in task_dirs(split) if d.name.endswith(("0", "2"))][:2]
+    stream = TaskStream(dirs, seed=0, skip_unsolved=0.5)
+    collect_groups(stream, ScriptedAgent(), n_groups=2, group_size=4, max_draws=2)
+    assert stream.state()["unsolved_tasks"] == [k for k, d in enumerate(dirs)
+                                                if d.name.endswith("2")]
+
+
 def test_a_group_has_signal_only_with_two_valid_trials_that_differ() -> None:
     assert has_signal(TrajectoryGroup("t", (trial(1.0), trial(0.0))))
     assert not has_signal(TrajectoryGroup("t", (trial(1.0), trial(1.0))))

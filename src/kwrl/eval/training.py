@@ -208,7 +208,8 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
             checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints)
         loop = RLLoop(trainer, engine,
                       agent(True, cfg.harness.temperature, f"train:{model_dir.name}"),
-                      TaskStream(tasks, cfg.run.seed), run_dir, settings, services=services)
+                      TaskStream(tasks, cfg.run.seed, cfg.data.skip_unsolved), run_dir, settings,
+                      services=services)
         resumed = cfg.run.resume and loop.resume()
         if resumed:
             console.print(f"resumed {run_dir} after step {loop.step}")

@@ -127,6 +127,9 @@ class DataSection(_Section):
                             "computed within a group, so it needs at least two.")
     max_resample: int = Field(2, ge=0, description="Extra tasks drawn per step to replace "
                               "groups whose rewards are all equal (no signal); 0: keep them.")
+    skip_unsolved: float = Field(0.0, ge=0.0, lt=1.0, description="Probability of passing "
+                                 "over a task whose last group failed every trial (it almost "
+                                 "always fails again, so it costs G trials and teaches nothing).")
 
     @field_validator("tiers")
     @classmethod

@@ -245,7 +245,7 @@ class RLLoop:
         }
         metrics["train"] = train
         metrics["policy_version"] = self.engine.policy_version
-        metrics["data"] = self.stream.state()
+        metrics["data"] = self.stream.progress()
         metrics["time"] = {"rollout": rollout_s, "train": train_s, "sync": sync_s,
                            "step": time.perf_counter() - started}
         return metrics

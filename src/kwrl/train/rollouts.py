@@ -110,15 +110,31 @@ class GroupQueue:
 
 
 class TaskStream:
-    """An endless, seeded stream of task directories: reshuffled every epoch, resumable."""
+    """An endless, seeded stream of task directories: reshuffled every epoch, resumable.
 
-    def __init__(self, task_dirs: Sequence[Path], seed: int) -> None:
+    With `skip_unsolved` > 0 the stream also remembers which tasks the policy failed on every
+    trial of their last group (`record`), and passes over such a task with that probability
+    when its turn comes. A group without reward variance teaches nothing, and a task failed
+    G times in a row almost always fails again: in the quickstart, 93% of the all-failed groups
+    were all-failed on the next visit too, while tasks last solved on every trial came back
+    with signal 38% of the time (the policy drifts), so only the unsolved are passed over.
+    A task stays drawable (`skip_unsolved` < 1), so one the policy learns on the way comes back.
+    """
+
+    def __init__(self, task_dirs: Sequence[Path], seed: int, skip_unsolved: float = 0.0) -> None:
         if not task_dirs:
             raise ValueError("no tasks to train on")
+        if not 0.0 <= skip_unsolved < 1.0:
+            raise ValueError(f"skip_unsolved is a probability below 1, not {skip_unsolved}")
         self.task_dirs = list(task_dirs)
         self.seed = seed
+        self.skip_unsolved = skip_unsolved
         self.epoch = 0
         self.cursor = 0
+        self.skipped = 0
+        """Draws passed over so far (unsolved tasks whose turn came)."""
+        self._index = {task: k for k, task in enumerate(self.task_dirs)}
+        self._unsolved: set[int] = set()
         self._order = self._shuffled(0)
 
     def _shuffled(self, epoch: int) -> list[int]:
@@ -126,22 +142,54 @@ class TaskStream:
         random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def next(self) -> Path:
+    def _advance(self) -> int:
         if self.cursor == len(self._order):
             self.epoch, self.cursor = self.epoch + 1, 0
             self._order = self._shuffled(self.epoch)
-        task_dir = self.task_dirs[self._order[self.cursor]]
+        k = self._order[self.cursor]
         self.cursor += 1
-        return task_dir
+        return k
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "cursor": self.cursor, "n_tasks": len(self.task_dirs)}
+    def _passes_over(self, k: int) -> bool:
+        # one seeded coin per stream position: a resumed stream tosses the same coins
+        coin = random.Random(f"{self.seed}:skip:{self.epoch}:{self.cursor}").random()
+        return k in self._unsolved and coin < self.skip_unsolved
+
+    def next(self) -> Path:
+        k = self._advance()
+        # at most one full pass of skips, so a stream of only unsolved tasks still yields
+        for _ in range(len(self.task_dirs)):
+            if not self._passes_over(k):
+                break
+            self.skipped += 1
+            k = self._advance()
+        return self.task_dirs[k]
+
+    def record(self, task_dir: Path, rewards: Sequence[float]) -> None:
+        """The rewards of a group of `task_dir` just run (valid trials only)."""
+        k = self._index.get(task_dir)
+        if k is None or not rewards:
+            return
+        if max(rewards) <= 0.0:
+            self._unsolved.add(k)
+        else:
+            self._unsolved.discard(k)
+
+    def progress(self) -> dict[str, int]:
+        """The data position for metrics: where the stream is, how many tasks it passes over."""
+        return {"epoch": self.epoch, "cursor": self.cursor, "n_tasks": len(self.task_dirs),
+                "unsolved": len(self._unsolved), "skipped": self.skipped}
+
+    def state(self) -> dict[str, Any]:
+        return {**self.progress(), "unsolved_tasks": sorted(self._unsolved)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         if int(state["n_tasks"]) != len(self.task_dirs):
             raise ValueError(f"the checkpoint's task list had {state['n_tasks']} tasks, this one "
                              f"has {len(self.task_dirs)}: resume with the same data")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self.skipped = int(state.get("skipped", 0))
+        self._unsolved = {int(k) for k in state.get("unsolved_tasks", ())}
         self._order = self._shuffled(self.epoch)
 
 
@@ -190,6 +238,8 @@ def collect_groups(
             for k in range(len(wave)):
                 members = tuple(trials[k * group_size:(k + 1) * group_size])
                 group = TrajectoryGroup(members[0].task_id, members)
+                if isinstance(stream, TaskStream):
+                    stream.record(wave[k], [reward(t) for t in valid_trials(group)])
                 for t in members:
                     if t.status is TrialStatus.ERROR:
                         out.errors[str(t.error_boundary or "unknown")] += 1
