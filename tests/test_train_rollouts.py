@@ -184,6 +184,47 @@ def test_collect_gives_up_after_max_draws(split: Path) -> None:
     assert len(everything.kept) == 2 and everything.draws == 2
 
 
+class HoldingAgent:
+    """Right on the first trial of `slow` and of `later`, wrong on every other trial; holds
+    every trial of `slow` until a trial of `later` has started."""
+
+    name = "holding"
+
+    def __init__(self, slow: str, later: str) -> None:
+        self.slow, self.later = slow, later
+        self.later_started = threading.Event()
+        self.held: list[bool] = []
+        """Per held trial: whether `later` started while it waited (False: it timed out)."""
+        self.seen: set[str] = set()
+        self.lock = threading.Lock()
+
+    def run(self, task: Task, workspace: Path, tools: object = None) -> AgentOutcome:
+        if task.task_id == self.later:
+            self.later_started.set()
+        elif task.task_id == self.slow:
+            # the timeout only guards against a hang: a wave-by-wave collector would wait for
+            # this group before drawing a replacement, so `later` would never start meanwhile
+            self.held.append(self.later_started.wait(timeout=20))
+        with self.lock:
+            first = task.task_id not in self.seen
+            self.seen.add(task.task_id)
+        right = first and task.task_id in (self.slow, self.later)
+        answer = (task.task_dir / "solution" / "answer.md").read_text() if right else ""
+        return AgentOutcome(answer, StopReason.ANSWERED, trajectory=tape())
+
+
+def test_collect_replaces_a_group_without_waiting_for_the_others(split: Path) -> None:
+    # draw order: a mixed task (held), a hopeless one, then its replacement (mixed)
+    drawn = task_dirs(split)[:3]
+    agent = HoldingAgent(slow=drawn[0].name, later=drawn[2].name)
+    collection = collect_groups(iter(drawn).__next__, agent, n_groups=2, group_size=2,
+                                concurrency=4, max_draws=3)
+    assert agent.held == [True, True]  # drawn and run while the first group was held
+    assert [g.group.task_id for g in collection.kept] == [drawn[0].name, drawn[2].name]
+    assert [t.task_id for t in collection.trials] == [d.name for d in drawn for _ in range(2)]
+    assert collection.draws == 3 and collection.dropped_no_signal == 1
+
+
 def test_screening_keeps_the_first_tasks_with_mixed_outcomes_in_order(split: Path) -> None:
     dirs = task_dirs(split)
     mixed = [d for d in dirs if d.name.endswith("0")]

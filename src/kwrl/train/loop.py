@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from kwrl.rl import ADVANTAGES
-from kwrl.sandbox.trial import Agent, TrialServices
+from kwrl.sandbox.trial import Agent, SnapshotCache, TrialServices
 from kwrl.train.checkpoint import resume, save_checkpoint
 from kwrl.train.rollouts import GroupQueue, StampedGroup, TaskStream, collect_groups, reward
 from kwrl.train.tracking import MetricsLogger, trial_metrics, truncate_after
@@ -163,6 +163,8 @@ class RLLoop:
         self.step = 0
         """Steps completed (the next step's index)."""
         self._last_trials: list[TrialResult] = []
+        self._before: SnapshotCache = {}
+        """The worlds' before-snapshots, taken once per world for the whole run."""
 
     def resume(self) -> bool:
         """Restore the latest complete checkpoint of the run directory, if any: weights,
@@ -220,7 +222,8 @@ class RLLoop:
         collection = collect_groups(
             self.stream, self.agent, s.tasks_per_step, s.group_size, services=self.services,
             concurrency=s.concurrency, max_draws=s.max_draws,
-            policy_version=lambda: self.engine.policy_version, keep_all=s.keep_all_groups)
+            policy_version=lambda: self.engine.policy_version, keep_all=s.keep_all_groups,
+            before_cache=self._before)
         for group in collection.kept:
             self.queue.put(group)
         groups = self.queue.get(self.queue.qsize(), self.engine.policy_version, timeout_s=0)

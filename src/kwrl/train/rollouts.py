@@ -29,12 +29,12 @@ import queue
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kwrl.sandbox.trial import Agent, TrialServices, run_trial
+from kwrl.sandbox.trial import Agent, SnapshotCache, TrialServices, run_trial
 from kwrl.types import TrajectoryGroup, TrialResult, TrialStatus
 
 
@@ -217,39 +217,74 @@ def collect_groups(
     max_draws: int | None = None,
     policy_version: Callable[[], int] | None = None,
     keep_all: bool = False,
+    before_cache: SnapshotCache | None = None,
 ) -> Collection:
     """Draw tasks until `n_groups` groups with signal are kept (or `max_draws` tasks were drawn,
-    default 4x `n_groups`). Each wave runs G trials of each still-missing task concurrently.
+    default 4x `n_groups`).
+
+    Trials stream through one pool of `concurrency` workers: `n_groups` tasks are drawn at once,
+    and each group that finishes without signal is replaced by a fresh draw right away, so the
+    pool never waits for a whole wave's slowest trial. At most `n_groups` groups are kept or in
+    flight at any time, so the drawn tasks are a prefix of the stream and nothing is run that
+    could not be kept. Kept groups and trials come back in draw order, whatever order they
+    finished in.
 
     `keep_all` keeps groups without signal too (an overfit run or an eval wants every group).
+    `before_cache` is the worlds' before-snapshots (one per world, kept across calls when given).
     """
     if n_groups < 1 or group_size < 1:
         raise ValueError("n_groups and group_size must be at least 1")
     draw = stream.next if isinstance(stream, TaskStream) else stream
     max_draws = max_draws if max_draws is not None else 4 * n_groups
+    cache: SnapshotCache = {} if before_cache is None else before_cache
     out = Collection()
+    drawn: list[Path] = []
+    pending: dict[int, list[TrialResult | None]] = {}  # draw index -> its trials so far
+    kept: list[tuple[int, StampedGroup]] = []
+    trials: list[tuple[int, int, TrialResult]] = []
+
+    def finish(g: int, members: tuple[TrialResult, ...]) -> None:
+        group = TrajectoryGroup(members[0].task_id, members)
+        if isinstance(stream, TaskStream):
+            stream.record(drawn[g], [reward(t) for t in valid_trials(group)])
+        for t in members:
+            if t.status is TrialStatus.ERROR:
+                out.errors[str(t.error_boundary or "unknown")] += 1
+        if keep_all or has_signal(group):
+            version = group_version(group)
+            if version < 0 and policy_version is not None:
+                version = policy_version()
+            kept.append((g, StampedGroup(group, version)))
+        else:
+            out.dropped_no_signal += 1
+
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        while len(out.kept) < n_groups and out.draws < max_draws:
-            wave = [draw() for _ in range(min(n_groups - len(out.kept), max_draws - out.draws))]
-            out.draws += len(wave)
-            trials = list(pool.map(lambda d: run_trial(d, agent, services=services),
-                                   [d for d in wave for _ in range(group_size)]))
-            out.trials.extend(trials)
-            for k in range(len(wave)):
-                members = tuple(trials[k * group_size:(k + 1) * group_size])
-                group = TrajectoryGroup(members[0].task_id, members)
-                if isinstance(stream, TaskStream):
-                    stream.record(wave[k], [reward(t) for t in valid_trials(group)])
-                for t in members:
-                    if t.status is TrialStatus.ERROR:
-                        out.errors[str(t.error_boundary or "unknown")] += 1
-                if keep_all or has_signal(group):
-                    version = group_version(group)
-                    if version < 0 and policy_version is not None:
-                        version = policy_version()
-                    out.kept.append(StampedGroup(group, version))
-                else:
-                    out.dropped_no_signal += 1
+        running: dict[Future[TrialResult], tuple[int, int]] = {}
+
+        def top_up() -> None:
+            while len(kept) + len(pending) < n_groups and len(drawn) < max_draws:
+                task_dir = draw()
+                g = len(drawn)
+                drawn.append(task_dir)
+                pending[g] = [None] * group_size
+                for slot in range(group_size):
+                    future = pool.submit(run_trial, task_dir, agent, cache, services=services)
+                    running[future] = (g, slot)
+
+        top_up()
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                g, slot = running.pop(future)
+                result = future.result()
+                pending[g][slot] = result
+                trials.append((g, slot, result))
+                if all(t is not None for t in pending[g]):
+                    finish(g, tuple(t for t in pending.pop(g) if t is not None))
+            top_up()
+    out.draws = len(drawn)
+    out.kept = [group for _, group in sorted(kept, key=lambda item: item[0])]
+    out.trials = [t for _, _, t in sorted(trials, key=lambda item: item[:2])]
     return out
 
 
