@@ -3,6 +3,7 @@ training, weight push, metrics, checkpoints, the report; and a killed run resume
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -12,12 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from kwrl.eval.training import comparison_table, run_training
+from kwrl.eval.training import comparison_table, ensure_split, run_training
 from kwrl.models import build_model, build_tokenizer
 from kwrl.models.corpus import sample_corpus
 from kwrl.train.checkpoint import latest_checkpoint
-from kwrl.train.config import loads_config
+from kwrl.train.config import SplitSpec, loads_config
 from kwrl.train.tracking import read_metrics
 from kwrl.worlds.split import generate_split
 
@@ -146,6 +148,16 @@ def test_a_killed_run_resumes_with_no_lost_or_repeated_step(setup, tmp_path: Pat
     draws = [r["data"]["epoch"] * r["data"]["n_tasks"] + r["data"]["cursor"] for r in records]
     assert draws == [2, 4, 6, 8]
     assert latest_checkpoint(out).extra["loop_step"] == 4
+
+
+def test_a_split_generated_with_other_settings_is_not_reused(setup) -> None:
+    spec = SplitSpec(dir=setup["train"], tasks=8, seed=2, files_per_world=30)
+    console = Console(file=io.StringIO())
+    assert ensure_split(spec, "train", console) == setup["train"]
+    with pytest.raises(ValueError, match=r"tasks 8 \(config: 9\), seed 2 \(config: 3\)"):
+        ensure_split(spec.model_copy(update={"tasks": 9, "seed": 3}), "train", console)
+    as_it_is = spec.model_copy(update={"tasks": 9, "generate": False})
+    assert ensure_split(as_it_is, "train", console) == setup["train"]
 
 
 def test_train_dry_run_prints_the_resolved_config_and_bad_keys_fail_clearly() -> None:

@@ -86,8 +86,12 @@ class TrainingReport:
 
 
 def ensure_split(spec: SplitSpec, split: str, console: Console) -> Path:
-    """The split directory, generated from `spec` when it holds no tasks yet."""
+    """The split directory, generated from `spec` when it holds no tasks yet. A split generated
+    earlier with other settings is an error, not silently reused: its numbers would not be the
+    config's (with `generate = false` the directory is taken as it is)."""
     if spec.dir.is_dir() and task_dirs(spec.dir):
+        if spec.generate:
+            _check_manifest(spec, split)
         return spec.dir
     if not spec.generate:
         raise FileNotFoundError(f"no tasks under {spec.dir} (and generate = false)")
@@ -95,6 +99,27 @@ def ensure_split(spec: SplitSpec, split: str, console: Console) -> Path:
     generate_split(split, spec.tasks, spec.seed, spec.dir, files_per_world=spec.files_per_world,
                    distractors=spec.distractors)
     return spec.dir
+
+
+def _check_manifest(spec: SplitSpec, split: str) -> None:
+    manifest_file = spec.dir / "split.json"
+    if not manifest_file.is_file():
+        return  # a hand-made task directory: nothing to compare
+    try:
+        manifest = json.loads(manifest_file.read_text())
+        found = {"tasks": len(manifest["tasks"]), "seed": manifest["seed"],
+                 "files_per_world": manifest["files_per_world"],
+                 "distractors": manifest["distractors"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{manifest_file} is unreadable ({exc}); remove {spec.dir} to "
+                         f"generate the {split} split again") from exc
+    wanted = {"tasks": spec.tasks, "seed": spec.seed, "files_per_world": spec.files_per_world,
+              "distractors": spec.distractors}
+    differ = {k: (found[k], v) for k, v in wanted.items() if found[k] != v}
+    if differ:
+        what = ", ".join(f"{k} {old} (config: {new})" for k, (old, new) in differ.items())
+        raise ValueError(f"the {split} split in {spec.dir} was generated with {what}; remove "
+                         f"it to generate it again, or set data.{split}.dir to a new directory")
 
 
 def select_tasks(root: Path, tiers: Sequence[int], limit: int = 0) -> list[Path]:
