@@ -221,7 +221,7 @@ def test_std_normalisation_is_only_for_grpo() -> None:
     ("harness.tools=everything", "harness.tools"),
     ("data.group_size=1", "data.group_size"),
     ("data.tasks_per_step=0", "data.tasks_per_step"),
-    ("run.steps=0", "run.steps"),
+    ("run.steps=-1", "run.steps"),
     ("optim.lr=0", "optim.lr"),
     ("optim.micro_batch_tokens=0", "optim.micro_batch_tokens"),
     ("optim.betas=[1.0, 0.9]", "optim.betas"),
@@ -262,7 +262,7 @@ def test_the_nudge_text_may_only_use_percent_left() -> None:
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    message = error_of(overrides=("run.steps=0", "optim.lr=-1"))
+    message = error_of(overrides=("run.steps=-1", "optim.lr=-1"))
     assert "run.steps:" in message and "optim.lr:" in message
 
 
@@ -274,7 +274,7 @@ def test_an_unreadable_or_invalid_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="broken.toml is not valid TOML"):
         load_config(broken)
     bad = tmp_path / "bad.toml"
-    bad.write_text("[run]\nsteps = 0\n")
+    bad.write_text("[run]\nsteps = -1\n")
     with pytest.raises(ConfigError, match=r"bad\.toml"):
         load_config(bad)
 

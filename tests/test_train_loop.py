@@ -99,6 +99,7 @@ def test_a_short_run_trains_pushes_weights_and_reports(setup, tmp_path: Path) ->
         assert r["train"]["sequences"] == 4 and r["train"]["trained_sequences"] == 0
         assert r["data"]["cursor"] in (2, 4) or r["data"]["epoch"] > 0
         assert r["time"]["rollout"] > 0 and r["time"]["train"] > 0
+        assert r["groups"]["skipped"] == 0 and r["reward_with_skipped"] == r["reward"]["mean"]
     assert report.steps == 2 and report.before is not None and report.after is not None
     assert report.before.n_tasks == 2
     assert list(report.during) == [1] and (out / "eval-step-1" / "summary.json").is_file()
@@ -148,6 +149,15 @@ def test_a_killed_run_resumes_with_no_lost_or_repeated_step(setup, tmp_path: Pat
     draws = [r["data"]["epoch"] * r["data"]["n_tasks"] + r["data"]["cursor"] for r in records]
     assert draws == [2, 4, 6, 8]
     assert latest_checkpoint(out).extra["loop_step"] == 4
+
+
+def test_zero_steps_only_evaluates_the_policy(setup, tmp_path: Path) -> None:
+    out = tmp_path / "eval-only"
+    report = run_training(loads_config(config_text(setup, out, steps=0)))
+    assert report.steps == 0 and report.before is not None and report.after is None
+    assert (out / "eval-before" / "summary.json").is_file() and not (out / "eval-after").exists()
+    assert read_metrics(out) == [] and latest_checkpoint(out) is None
+    assert comparison_table(report).row_count > 3
 
 
 def test_a_split_generated_with_other_settings_is_not_reused(setup) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kwrl.train.loop import policy_samples
+from kwrl.train.loop import policy_samples, reward_with_skipped
 from kwrl.train.rollouts import (
     GroupQueue,
     StampedGroup,
@@ -241,6 +241,13 @@ def test_advantages_follow_the_registered_estimator() -> None:
     (a, b, c) = policy_samples(groups, "grpo", {"norm_by_std": True})
     expected = (torch.tensor([1.0, 0.0, 0.0]) - 1 / 3) / (torch.tensor([1.0, 0, 0]).std() + 1e-6)
     assert [a.advantage, b.advantage, c.advantage] == pytest.approx(expected.tolist(), rel=1e-5)
+
+
+def test_the_reward_with_skipped_tasks_counts_their_trials_as_failed() -> None:
+    trials = [trial(1.0), trial(0.5), trial(0.0), trial(None)]  # the error is not graded
+    assert reward_with_skipped(trials, 0) == pytest.approx(0.5)
+    assert reward_with_skipped(trials, 3) == pytest.approx(1.5 / 6)
+    assert reward_with_skipped([trial(None)], 0) is None
 
 
 def test_mini_batches_hold_whole_groups_and_step_metrics_merge() -> None:

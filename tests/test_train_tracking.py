@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from kwrl.train.plot import EvalPoint, plot_learning_curve
+from kwrl.train.plot import EvalPoint, learning_curve, plot_learning_curve
 from kwrl.train.tracking import (
     METRICS_FILE,
     TENSORBOARD_DIR,
@@ -324,6 +324,17 @@ def test_the_learning_curve_is_a_png(tmp_path: Path) -> None:
     assert out == tmp_path / "plots" / "curve.png"
     data = out.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 5_000
+
+
+def test_the_curve_adds_the_reward_with_skipped_tasks_only_when_tasks_were_skipped() -> None:
+    def labels(records: list[dict]) -> list[str]:
+        return learning_curve(records).axes[0].get_legend_handles_labels()[1]
+
+    records = [{"step": k, "reward": {"mean": 0.5}, "pass_rate": 0.5, "groups": {"skipped": 0},
+                "reward_with_skipped": 0.5} for k in (1, 2)]
+    assert labels(records) == ["train mean reward", "train pass rate"]
+    records[1] = {**records[1], "groups": {"skipped": 3}, "reward_with_skipped": 0.3}
+    assert labels(records)[-1] == "train mean reward, passed-over tasks as 0"
 
 
 def test_an_empty_run_still_plots(tmp_path: Path) -> None:

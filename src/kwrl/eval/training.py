@@ -260,8 +260,8 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
         report.steps = loop.step
         report.stopped_early = loop.step < cfg.run.steps
         report.rewards = [lookup(m, "reward/mean") for m in history]
-        if cfg.eval.after and test_root is not None:
-            report.after = held_out("after")
+        if cfg.eval.after and test_root is not None and loop.step > 0:
+            report.after = held_out("after")  # (no steps: the policy of `before`, unchanged)
 
     report.wall_s = time.perf_counter() - started
     (run_dir / REPORT_FILE).write_text(json.dumps(report.to_json(), indent=1) + "\n")

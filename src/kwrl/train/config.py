@@ -80,8 +80,9 @@ def _check_tiers(tiers: tuple[int, ...]) -> tuple[int, ...]:
 class RunSection(_Section):
     out: Path = Field(Path("runs/train"), description="Run directory: metrics, checkpoints, plots.")
     seed: int = Field(0, description="Seeds task order, sampling and anything built.")
-    steps: int = Field(20, ge=1, description="RL steps (one batch of groups each); the maximum "
-                       "when `target_reward` stops the run earlier.")
+    steps: int = Field(20, ge=0, description="RL steps (one batch of groups each); the maximum "
+                       "when `target_reward` stops the run earlier. 0: only evaluate the policy "
+                       "on the held-out split, exactly as a run's `before` evaluation does.")
     checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps "
                                   "(0: only the final one).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")

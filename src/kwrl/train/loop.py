@@ -113,6 +113,16 @@ def policy_samples(groups: Sequence[StampedGroup], advantage: str,
     ]
 
 
+def reward_with_skipped(trials: Sequence[TrialResult], skipped_trials: int) -> float | None:
+    """The mean reward of a step's graded trials with the trials of the tasks the stream passed
+    over counted as failed (their last group failed every trial): an estimate of the policy's
+    reward on the task distribution itself, which the trials run no longer sample once unsolved
+    tasks are passed over."""
+    rewards = [reward(t) for t in trials if t.grade is not None]
+    n = len(rewards) + skipped_trials
+    return sum(rewards) / n if n else None
+
+
 SUMMED_METRICS = frozenset({"tokens", "padded_tokens", "sequences", "trained_sequences",
                             "micro_batches", "fwd_bwd_s", "optim_s", "skipped"})
 """Trainer metrics that add up over the mini-batches of a step; `step` and `lr` take the last
@@ -219,6 +229,7 @@ class RLLoop:
     def train_one_step(self) -> dict[str, Any]:
         s = self.settings
         started = time.perf_counter()
+        skipped_before = self.stream.skipped
         collection = collect_groups(
             self.stream, self.agent, s.tasks_per_step, s.group_size, services=self.services,
             concurrency=s.concurrency, max_draws=s.max_draws,
@@ -245,7 +256,10 @@ class RLLoop:
             **metrics.get("groups", {}), "kept": len(groups), "drawn": collection.draws,
             "dropped_no_signal": collection.dropped_no_signal,
             "dropped_stale": self.queue.dropped_stale,
+            "skipped": self.stream.skipped - skipped_before,
         }
+        metrics["reward_with_skipped"] = reward_with_skipped(
+            collection.trials, metrics["groups"]["skipped"] * s.group_size)
         metrics["train"] = train
         metrics["policy_version"] = self.engine.policy_version
         metrics["data"] = self.stream.progress()

@@ -20,6 +20,10 @@ from kwrl.train.tracking import lookup
 
 REWARD_KEY = "reward/mean"
 PASS_KEY = "pass_rate"
+WITH_SKIPPED_KEY = "reward_with_skipped"
+SKIPPED_KEY = "groups/skipped"
+"""Tasks the stream passed over in a step (`data.skip_unsolved`): the trials run then no longer
+sample the task distribution, so the curve adds the reward with those tasks counted as failed."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,26 @@ def plot_learning_curve(metrics: Sequence[Mapping[str, Any]], out_png: Path,
                         eval_points: Sequence[EvalPoint] = (), title: str = "kwrl train"
                         ) -> Path:
     """Write the curve of `metrics` (records as `read_metrics` returns them) to `out_png`."""
+    figure = learning_curve(metrics, eval_points, title)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out_png, format="png")
+    return out_png
+
+
+def learning_curve(metrics: Sequence[Mapping[str, Any]], eval_points: Sequence[EvalPoint] = (),
+                   title: str = "kwrl train") -> Figure:
+    """The figure `plot_learning_curve` writes."""
     figure = Figure(figsize=(8, 4.5), dpi=110)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
+    skips = any(lookup(record, SKIPPED_KEY) for record in metrics)
     for key, label, style in ((REWARD_KEY, "train mean reward", "-"),
-                              (PASS_KEY, "train pass rate", "--")):
+                              (PASS_KEY, "train pass rate", "--"),
+                              (WITH_SKIPPED_KEY, "train mean reward, passed-over tasks as 0",
+                               "-.")):
         steps, values = _series(metrics, key)
-        if steps:
+        if steps and (key != WITH_SKIPPED_KEY or skips):
             axes.plot(steps, values, style, marker="." if len(steps) < 50 else None,
                       label=label)
     if eval_points:
@@ -56,10 +73,7 @@ def plot_learning_curve(metrics: Sequence[Mapping[str, Any]], out_png: Path,
     if axes.get_legend_handles_labels()[0]:
         axes.legend(loc="best", fontsize="small")
     figure.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out_png, format="png")
-    return out_png
+    return figure
 
 
 def _series(metrics: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
