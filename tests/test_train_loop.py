@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from kwrl.eval.training import comparison_table, ensure_split, run_training
-from kwrl.models import build_model, build_tokenizer
+from kwrl.models import build_model, build_tokenizer, load_model, read_harness_profile
 from kwrl.models.corpus import sample_corpus
 from kwrl.train.checkpoint import latest_checkpoint
 from kwrl.train.config import SplitSpec, loads_config
@@ -108,6 +108,9 @@ def test_a_short_run_trains_pushes_weights_and_reports(setup, tmp_path: Path) ->
     assert (out / "learning_curve.png").stat().st_size > 1000
     assert any((out / "tb").iterdir())
     assert latest_checkpoint(out).extra["loop_step"] == 2
+    policy, _ = load_model(latest_checkpoint(out).path / "model")  # a whole model directory
+    assert read_harness_profile(latest_checkpoint(out).path / "model") == read_harness_profile(
+        setup["model"])
     traces = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(traces) == 8 and {t["status"] for t in traces} == {"ok"}
     assert comparison_table(report).row_count > 3

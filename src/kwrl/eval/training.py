@@ -234,7 +234,7 @@ def run_training(cfg: RunConfig, console: Console | None = None, *,
         loop = RLLoop(trainer, engine,
                       agent(True, cfg.harness.temperature, f"train:{model_dir.name}"),
                       TaskStream(tasks, cfg.run.seed, cfg.data.skip_unsolved), run_dir, settings,
-                      services=services)
+                      services=services, model_assets=model_dir)
         resumed = cfg.run.resume and loop.resume()
         if resumed:
             console.print(f"resumed {run_dir} after step {loop.step}")

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from kwrl.models.load import HARNESS_FILE
 from kwrl.train.trainer import Trainer
 
 MARKER = "checkpoint.json"
@@ -67,10 +68,17 @@ def checkpoint_dir(run_dir: Path | str, step: int) -> Path:
     return Path(run_dir) / f"step-{step:06d}"
 
 
+MODEL_ASSETS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*",
+                "merges.txt", "chat_template.*", HARNESS_FILE)
+"""What a model directory needs besides weights and config to be loaded and run as a policy."""
+
+
 def save_checkpoint(run_dir: Path | str, trainer: Trainer, *, extra: dict[str, Any] | None = None,
-                    keep: int | None = None) -> Checkpoint:
+                    keep: int | None = None, assets: Path | None = None) -> Checkpoint:
     """Write `run_dir/step-<trainer.step>/` atomically, point `latest` at it and keep only the
-    newest `keep` checkpoints (all if None). `extra` must be JSON-serialisable."""
+    newest `keep` checkpoints (all if None). `extra` must be JSON-serialisable. `assets` is the
+    base model's directory: its tokenizer, chat template and harness profile are copied beside
+    the weights, so `step-N/model` loads, evaluates and serves like the model it came from."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(run_dir)
@@ -81,6 +89,11 @@ def save_checkpoint(run_dir: Path | str, trainer: Trainer, *, extra: dict[str, A
     try:
         temp.mkdir()
         trainer.model.save_pretrained(temp / "model")  # type: ignore[operator]
+        if assets is not None:
+            for pattern in MODEL_ASSETS:
+                for source in Path(assets).glob(pattern):
+                    if source.is_file():
+                        shutil.copy2(source, temp / "model" / source.name)
         torch.save(trainer.state_dict(), temp / "trainer.pt")
         torch.save(rng_state(), temp / "rng.pt")
         _write_synced(temp / MARKER, json.dumps(meta, indent=1) + "\n")

@@ -160,7 +160,8 @@ class RLLoop:
 
     def __init__(self, trainer: Trainer, engine: WeightSink, agent: Agent, stream: TaskStream,
                  run_dir: Path, settings: LoopSettings | None = None, *,
-                 services: TrialServices | None = None, tensorboard: bool = True) -> None:
+                 services: TrialServices | None = None, tensorboard: bool = True,
+                 model_assets: Path | None = None) -> None:
         self.trainer = trainer
         self.engine = engine
         self.agent = agent
@@ -169,6 +170,8 @@ class RLLoop:
         self.settings = settings or LoopSettings()
         self.services = services
         self.tensorboard = tensorboard
+        self.model_assets = model_assets
+        """The base model's directory: tokenizer and harness profile go into every checkpoint."""
         self.queue = GroupQueue(max_staleness=0)
         self.step = 0
         """Steps completed (the next step's index)."""
@@ -224,7 +227,8 @@ class RLLoop:
         extra = {"loop_step": self.step, "data": self.stream.state(),
                  "policy_version": self.engine.policy_version}
         return save_checkpoint(self.run_dir, self.trainer, extra=extra,
-                               keep=self.settings.keep_checkpoints).path
+                               keep=self.settings.keep_checkpoints,
+                               assets=self.model_assets).path
 
     def train_one_step(self) -> dict[str, Any]:
         s = self.settings
